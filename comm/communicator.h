@@ -1,0 +1,31 @@
+// A fixed group of ranks running collectives on host memory.
+//
+// Backends: "self" (one rank; collectives are identities) now; MPI and NCCL arrive with tensor
+// parallelism. Thread-compatible: one thread drives a communicator. Every call blocks until the
+// collective is complete on this rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/status.h"
+
+namespace kvmesh::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place sum over all ranks.
+  virtual absl::Status AllReduceSum(std::span<float> buf) = 0;
+  // Copies root's bytes into every rank's buf (same length everywhere).
+  virtual absl::Status Broadcast(std::span<uint8_t> buf, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+// The one-rank communicator used by the single-process engine.
+std::unique_ptr<Communicator> CreateSelfCommunicator();
+
+}  // namespace kvmesh::comm

@@ -1,0 +1,209 @@
+#include "coordinator/cli.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "util/str_cat.h"
+#include "coordinator/flags.h"
+#include "kernels/isa.h"
+#include "worker/engine.h"
+
+#ifndef KVMESH_SCRIPTS_DIR
+#define KVMESH_SCRIPTS_DIR "scripts"
+#endif
+
+namespace kvmesh::coordinator {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kDefaultModelFile[] = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+constexpr char kUsage[] =
+    "usage: kvmesh <command> [flags]\n"
+    "  run       --prompt TEXT [--model PATH] [--chat] [--max-tokens N] [--temperature T]\n"
+    "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
+    "            [--ctx-size N] [--json]\n"
+    "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
+    "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N]\n"
+    "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kvmesh: error: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+std::string CacheDir() {
+  if (const char* c = std::getenv("KVMESH_CACHE"); c && *c) return c;
+  const char* home = std::getenv("HOME");
+  return StrCat(home && *home ? home : ".", "/.cache/kvmesh");
+}
+
+std::string ModelPath(const Flags& f) {
+  return f.String("model", StrCat(CacheDir(), "/", kDefaultModelFile));
+}
+
+absl::StatusOr<std::unique_ptr<worker::Engine>> MakeEngine(const Flags& f) {
+  auto threads = f.Int("threads", 0, 0, 1024);
+  if (!threads.ok()) return threads.status();
+  auto ctx = f.Int("ctx-size", 0, 0, int64_t{1} << 24);
+  if (!ctx.ok()) return ctx.status();
+  worker::EngineOptions o;
+  o.model_path = ModelPath(f);
+  o.threads = static_cast<int>(*threads);
+  o.ctx_size = *ctx;
+  auto e = worker::Engine::Create(o);
+  if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
+    return absl::NotFoundError(StrCat(e.status().message(), " (run `kvmesh model pull` first)"));
+  }
+  return e;
+}
+
+int Run(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv, 2,
+                        {"model", "prompt", "max-tokens", "temperature", "top-k", "top-p",
+                         "repeat-penalty", "seed", "threads", "ctx-size"},
+                        {"chat", "json"});
+  if (!f.ok()) return Fail(f.status());
+  if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("run: --prompt is required"));
+  worker::GenerateRequest req;
+  auto max_tokens = f->Int("max-tokens", 256, 0, 1 << 24);
+  auto temp = f->Float("temperature", 0.8, 0.0, 100.0);
+  auto top_k = f->Int("top-k", 40, 0, 1 << 24);
+  auto top_p = f->Float("top-p", 0.95, 1e-6, 1.0);
+  auto rep = f->Float("repeat-penalty", 1.0, 1e-3, 100.0);
+  auto seed = f->Uint64("seed", 0);
+  for (const absl::Status& s : {max_tokens.status(), temp.status(), top_k.status(), top_p.status(),
+                                rep.status(), seed.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  req.max_tokens = static_cast<int32_t>(*max_tokens);
+  req.sampling.temperature = static_cast<float>(*temp);
+  req.sampling.top_k = static_cast<int32_t>(*top_k);
+  req.sampling.top_p = static_cast<float>(*top_p);
+  req.sampling.repeat_penalty = static_cast<float>(*rep);
+  req.sampling.seed = *seed;
+  auto engine = MakeEngine(*f);
+  if (!engine.ok()) return Fail(engine.status());
+  worker::Engine& e = **engine;
+  const std::string prompt = f->String("prompt", "");
+  if (f->Has("chat")) {
+    auto p = e.ChatPrompt(prompt);
+    if (!p.ok()) return Fail(p.status());
+    req.prompt = std::move(*p);
+  } else {
+    req.prompt = e.tokenizer().Encode(prompt, /*parse_special=*/true);
+  }
+  const bool as_json = f->Has("json");
+  // Stream text as it is generated, holding back bytes of an incomplete UTF-8 character.
+  std::string pending;
+  auto on_token = [&](int32_t id) {
+    if (as_json) return;
+    pending += e.tokenizer().TokenBytes(id);
+    size_t keep = 0;
+    for (size_t i = pending.size(); i > 0 && keep < 4; --i, ++keep) {
+      const auto b = static_cast<unsigned char>(pending[i - 1]);
+      if ((b & 0xC0) != 0x80) {
+        const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+        keep = (keep + 1 >= need) ? 0 : keep + 1;
+        break;
+      }
+    }
+    std::cout << pending.substr(0, pending.size() - keep) << std::flush;
+    pending.erase(0, pending.size() - keep);
+  };
+  auto r = e.Generate(req, on_token);
+  if (!r.ok()) return Fail(r.status());
+  if (as_json) {
+    json j;
+    j["text"] = json::parse(json(r->text).dump(-1, ' ', false, json::error_handler_t::replace));
+    j["prompt_tokens"] = r->prompt_tokens;
+    j["prompt_ids"] = req.prompt;
+    j["tokens"] = r->tokens;
+    j["stop_reason"] = r->stop_reason;
+    j["prefill_ms"] = r->prefill_ms;
+    j["decode_ms"] = r->decode_ms;
+    const double n_dec = r->tokens.size() > 1 ? static_cast<double>(r->tokens.size() - 1) : 0.0;
+    j["prefill_tokens_per_s"] = r->prefill_ms > 0 ? r->prompt_tokens * 1000.0 / r->prefill_ms : 0.0;
+    j["decode_tokens_per_s"] = r->decode_ms > 0 ? n_dec * 1000.0 / r->decode_ms : 0.0;
+    j["threads"] = e.threads();
+    j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
+    j["model"] = e.model().config().name;
+    std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << pending << "\n";
+    std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->prefill_ms << " ms, "
+              << r->tokens.size() << " generated in " << r->decode_ms << " ms (" << r->stop_reason
+              << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa()) << ")\n";
+  }
+  return 0;
+}
+
+int Tokenize(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv, 2, {"model", "text"}, {"no-special"});
+  if (!f.ok()) return Fail(f.status());
+  if (!f->Has("text")) return Fail(absl::InvalidArgumentError("tokenize: --text is required"));
+  auto gguf = model::GgufFile::Open(ModelPath(*f));
+  if (!gguf.ok()) return Fail(gguf.status());
+  auto tok = model::Tokenizer::FromGguf(**gguf);
+  if (!tok.ok()) return Fail(tok.status());
+  std::cout << json((*tok)->Encode(f->String("text", ""), !f->Has("no-special"))).dump() << "\n";
+  return 0;
+}
+
+int Logits(int argc, char** argv) {
+  auto f = Flags::Parse(argc, argv, 2, {"model", "prompt", "top-k", "threads", "ctx-size"}, {});
+  if (!f.ok()) return Fail(f.status());
+  if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("logits: --prompt is required"));
+  auto k = f->Int("top-k", 20, 1, 1 << 24);
+  if (!k.ok()) return Fail(k.status());
+  auto engine = MakeEngine(*f);
+  if (!engine.ok()) return Fail(engine.status());
+  const auto ids = (*engine)->tokenizer().Encode(f->String("prompt", ""), /*parse_special=*/true);
+  auto logits = (*engine)->LastLogits(ids);
+  if (!logits.ok()) return Fail(logits.status());
+  std::vector<int32_t> idx(logits->size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  const size_t top = std::min<size_t>(*k, idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
+                    [&](int32_t a, int32_t b) { return (*logits)[a] > (*logits)[b]; });
+  json out = json::array();
+  for (size_t i = 0; i < top; ++i) out.push_back({idx[i], (*logits)[idx[i]]});
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+int ModelCmd(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[2]) != "pull") {
+    return Fail(absl::InvalidArgumentError("model: the only subcommand is `kvmesh model pull`"));
+  }
+  if (argc > 3) return Fail(absl::InvalidArgumentError(StrCat("model pull: unexpected argument '", argv[3], "'")));
+  const std::string script = StrCat(KVMESH_SCRIPTS_DIR, "/model_pull.sh");
+  execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+  return Fail(absl::InternalError(StrCat("cannot run ", script)));
+}
+
+}  // namespace
+
+int CliMain(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::cerr << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "run") return Run(argc, argv);
+  if (cmd == "tokenize") return Tokenize(argc, argv);
+  if (cmd == "logits") return Logits(argc, argv);
+  if (cmd == "model") return ModelCmd(argc, argv);
+  std::cerr << "kvmesh: error: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}
+
+}  // namespace kvmesh::coordinator

@@ -1,0 +1,85 @@
+#include "coordinator/flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::coordinator {
+
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, int first,
+                                   const std::set<std::string>& valued,
+                                   const std::set<std::string>& boolean) {
+  Flags f;
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) {
+      return absl::InvalidArgumentError(StrCat("unexpected argument '", a, "'"));
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (boolean.count(name)) {
+      if (has_value) return absl::InvalidArgumentError(StrCat("flag --", name, " takes no value"));
+      f.values_[name] = "1";
+      continue;
+    }
+    if (!valued.count(name)) return absl::InvalidArgumentError(StrCat("unknown flag --", name));
+    if (!has_value) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(StrCat("flag --", name, " needs a value"));
+      value = argv[++i];
+    }
+    f.values_[name] = value;
+  }
+  return f;
+}
+
+std::string Flags::String(const std::string& name, const std::string& dflt) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? dflt : it->second;
+}
+
+absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return dflt;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    return absl::InvalidArgumentError(StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", s, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> Flags::Float(const std::string& name, double dflt, double lo, double hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return dflt;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(StrCat("--", name, " must be a number in [", lo, ", ", hi, "], got '", s, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<uint64_t> Flags::Uint64(const std::string& name, uint64_t dflt) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return dflt;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE) {
+    return absl::InvalidArgumentError(StrCat("--", name, " must be a non-negative integer, got '", s, "'"));
+  }
+  return v;
+}
+
+}  // namespace kvmesh::coordinator

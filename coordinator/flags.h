@@ -1,0 +1,35 @@
+// Command-line flags for the kvmesh subcommands: "--name value", "--name=value" and boolean
+// "--name". Every value is validated; errors are one line naming the flag.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvmesh::coordinator {
+
+class Flags {
+ public:
+  // Parses argv[first..). `valued` names flags that take a value, `boolean` those that do not.
+  // InvalidArgument for an unknown flag, a missing value, or a positional argument.
+  static absl::StatusOr<Flags> Parse(int argc, char** argv, int first,
+                                     const std::set<std::string>& valued,
+                                     const std::set<std::string>& boolean);
+
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string String(const std::string& name, const std::string& dflt) const;
+  // InvalidArgument naming the flag if the value is not a number in [lo, hi].
+  absl::StatusOr<int64_t> Int(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const;
+  absl::StatusOr<double> Float(const std::string& name, double dflt, double lo, double hi) const;
+  absl::StatusOr<uint64_t> Uint64(const std::string& name, uint64_t dflt) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace kvmesh::coordinator

@@ -1,0 +1,27 @@
+// Internal: the dot-product primitives under the CPU kernels, one scalar and one AVX2 version
+// each. nb counts 32-element blocks; n counts elements.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/quant.h"
+
+namespace kvmesh::kernels::cpu {
+
+struct DotTable {
+  // Weight blocks x against activation blocks y (see BlockA16).
+  float (*q4_0_a16)(const BlockQ4_0* x, const BlockA16* y, int64_t nb);
+  float (*q4_1_a16)(const BlockQ4_1* x, const BlockA16* y, int64_t nb);
+  float (*q8_0_a16)(const BlockQ8_0* x, const BlockA16* y, int64_t nb);
+  float (*f32_f32)(const float* x, const float* y, int64_t n);
+  float (*f32_f16)(const float* x, const uint16_t* y, int64_t n);
+  // y[i] = y[i] * s + a * fp16(v[i])
+  void (*scale_axpy_f16)(float* y, float s, float a, const uint16_t* v, int64_t n);
+};
+
+const DotTable& ScalarDots();
+const DotTable& Avx2Dots();
+// The table of the active ISA.
+const DotTable& Dots();
+
+}  // namespace kvmesh::kernels::cpu

@@ -1,0 +1,72 @@
+#include "kernels/cpu/dot.h"
+#include "kernels/fp16.h"
+#include "kernels/isa.h"
+
+namespace kvmesh::kernels::cpu {
+namespace {
+
+float DotQ4_0A16(const BlockQ4_0* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      s += (x[i].qs[j] & 0xF) * y[i].qs[j];
+      s += (x[i].qs[j] >> 4) * y[i].qs[j + kQK / 2];
+    }
+    s -= 8 * y[i].sum;  // the format's -8 offset, applied once per block
+    sum += Fp16ToFloat(x[i].d) * y[i].d * static_cast<float>(s);
+  }
+  return sum;
+}
+
+float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      s += (x[i].qs[j] & 0xF) * y[i].qs[j];
+      s += (x[i].qs[j] >> 4) * y[i].qs[j + kQK / 2];
+    }
+    // sum_j (d_x q_j + m_x) * d_y a_j = d_x d_y sum(q a) + m_x d_y sum(a).
+    sum += y[i].d * (Fp16ToFloat(x[i].d) * static_cast<float>(s) +
+                     Fp16ToFloat(x[i].m) * static_cast<float>(y[i].sum));
+  }
+  return sum;
+}
+
+float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < kQK; ++j) s += x[i].qs[j] * y[i].qs[j];
+    sum += Fp16ToFloat(x[i].d) * y[i].d * static_cast<float>(s);
+  }
+  return sum;
+}
+
+float DotF32F32(const float* x, const float* y, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+float DotF32F16(const float* x, const uint16_t* y, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * Fp16ToFloat(y[i]);
+  return s;
+}
+
+void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = y[i] * s + a * Fp16ToFloat(v[i]);
+}
+
+}  // namespace
+
+const DotTable& ScalarDots() {
+  static const DotTable t{DotQ4_0A16, DotQ4_1A16, DotQ8_0A16, DotF32F32, DotF32F16, ScaleAxpyF16};
+  return t;
+}
+
+const DotTable& Dots() { return ActiveIsa() == Isa::kAvx2 ? Avx2Dots() : ScalarDots(); }
+
+}  // namespace kvmesh::kernels::cpu

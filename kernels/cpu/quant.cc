@@ -1,0 +1,163 @@
+#include "kernels/quant.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/fp16.h"
+
+namespace kvmesh::kernels {
+
+std::optional<DTypeTraits> TraitsOf(uint32_t type_id) {
+  switch (static_cast<DType>(type_id)) {
+    case DType::kF32: return DTypeTraits{"F32", 1, 4};
+    case DType::kF16: return DTypeTraits{"F16", 1, 2};
+    case DType::kBF16: return DTypeTraits{"BF16", 1, 2};
+    case DType::kQ4_0: return DTypeTraits{"Q4_0", kQK, sizeof(BlockQ4_0)};
+    case DType::kQ4_1: return DTypeTraits{"Q4_1", kQK, sizeof(BlockQ4_1)};
+    case DType::kQ8_0: return DTypeTraits{"Q8_0", kQK, sizeof(BlockQ8_0)};
+    case DType::kQ4_K: return DTypeTraits{"Q4_K", kQKK, sizeof(BlockQ4_K)};
+    case DType::kQ6_K: return DTypeTraits{"Q6_K", kQKK, sizeof(BlockQ6_K)};
+  }
+  return std::nullopt;
+}
+
+DTypeTraits TraitsOf(DType t) {
+  auto tr = TraitsOf(static_cast<uint32_t>(t));
+  assert(tr.has_value());
+  return *tr;
+}
+
+namespace {
+
+// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits of
+// bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
+// from the top of bytes 0..3 / 4..7.
+inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void DequantQ4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = ((b[i].qs[j] & 0xF) - 8) * d;
+      y[i * kQK + j + kQK / 2] = ((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void DequantQ4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d), m = Fp16ToFloat(b[i].m);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = (b[i].qs[j] & 0xF) * d + m;
+      y[i * kQK + j + kQK / 2] = (b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+void DequantQ8_0(const BlockQ8_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d);
+    for (int j = 0; j < kQK; ++j) y[i * kQK + j] = b[i].qs[j] * d;
+  }
+}
+
+void DequantQ4_K(const BlockQ4_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d), dmin = Fp16ToFloat(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    float* out = y + i * kQKK;
+    // 4 chunks of 64 elements: 32 low nibbles with sub-block 2c, 32 high nibbles with 2c+1.
+    for (int c = 0; c < 4; ++c) {
+      uint8_t sc, mn;
+      ScaleMinK4(2 * c, b[i].scales, &sc, &mn);
+      const float d1 = d * sc, m1 = dmin * mn;
+      ScaleMinK4(2 * c + 1, b[i].scales, &sc, &mn);
+      const float d2 = d * sc, m2 = dmin * mn;
+      for (int l = 0; l < 32; ++l) out[c * 64 + l] = d1 * (q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) out[c * 64 + 32 + l] = d2 * (q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void DequantQ6_K(const BlockQ6_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d);
+    const uint8_t* ql = b[i].ql;
+    const uint8_t* qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    float* out = y + i * kQKK;
+    // Two halves of 128 elements; each 6-bit value = 4 bits from ql + 2 bits from qh, minus 32.
+    for (int h = 0; h < 2; ++h) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = static_cast<int>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = static_cast<int>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        out[l] = d * sc[is] * q1;
+        out[l + 32] = d * sc[is + 2] * q2;
+        out[l + 64] = d * sc[is + 4] * q3;
+        out[l + 96] = d * sc[is + 6] * q4;
+      }
+      out += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+}  // namespace
+
+void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(h[i]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(h[i]);
+      return;
+    }
+    case DType::kQ4_0: return DequantQ4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+    case DType::kQ4_1: return DequantQ4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+    case DType::kQ8_0: return DequantQ8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+    case DType::kQ4_K: return DequantQ4_K(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+    case DType::kQ6_K: return DequantQ6_K(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
+  }
+  assert(false && "unsupported dtype");
+}
+
+void QuantizeRowA16(const float* x, BlockA16* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::fmax(amax, std::fabs(x[i * kQK + j]));
+    const float d = amax / 32767.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = d;
+    int32_t sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      const float v = std::nearbyint(x[i * kQK + j] * id);
+      y[i].qs[j] = static_cast<int16_t>(std::fmax(-32767.0f, std::fmin(32767.0f, v)));
+      sum += y[i].qs[j];
+    }
+    y[i].sum = sum;
+  }
+}
+
+}  // namespace kvmesh::kernels

@@ -1,0 +1,84 @@
+// CPU kernels of the forward pass. Kernels take pointers, sizes and a thread pool; they
+// allocate nothing except per-thread scratch for quantised activations.
+//
+// Shapes are written [rows, cols] row-major. Every kernel has a scalar path and, where the CPU
+// has it, an AVX2 path selected at start (see isa.h); both are tested against each other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/quant.h"
+#include "kernels/thread_pool.h"
+
+namespace kvmesh::kernels {
+
+// out[r,:] = x[r,:] * rsqrt(mean(x[r,:]^2) + eps) * w.  x, out: [rows, cols]; may alias.
+struct RmsNormArgs {
+  const float* x;
+  const float* w;
+  float* out;
+  int64_t rows, cols;
+  float eps = 1e-5f;
+};
+void RmsNormCpu(const RmsNormArgs& a);
+
+// Rotary position embedding in place, ggml "normal" mode: within each head, adjacent pairs
+// (x[2i], x[2i+1]) for 2i < rot_dim are rotated by pos * theta_base^(-2i / rot_dim).
+// x: [tokens, heads, head_dim]; pos: [tokens].
+struct RopeArgs {
+  float* x;
+  const int32_t* pos;
+  int64_t tokens, heads, head_dim, rot_dim;
+  float theta_base = 10000.0f;
+};
+void RopeCpu(const RopeArgs& a);
+
+// A row-major weight matrix [rows, cols] stored in `type`, each row row_bytes long.
+struct WeightMatrix {
+  DType type = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes = 0;
+};
+
+// out[t, r] = sum_k w[r, k] * x[t, k] for r in [row_begin, row_end).
+// x: [tokens, w.cols] fp32; out: [tokens, ldo] (column r of row t at out[t * ldo + r]).
+// Q4_0/Q4_1/Q8_0 weights use integer dot products against activations quantised per 32-block
+// to 16 bits (BlockA16); other types are dequantised and use fp32 dot products.
+struct MatMulArgs {
+  WeightMatrix w;
+  const float* x;
+  float* out;
+  int64_t tokens;
+  int64_t ldo;
+  int64_t row_begin = 0, row_end = -1;  // -1: all rows
+};
+void MatMulCpu(const MatMulArgs& a, ThreadPool& pool);
+
+// Causal grouped-query attention over an fp16 KV cache, flash style (online softmax, no score
+// matrix). q: [tokens, n_heads, head_dim]; out: same shape. K and V of kv head h, position p
+// start at k + p * kv_pos_stride + h * head_dim (the cache is [positions, n_kv_heads, head_dim]). Query t sits at position pos0 + t and attends
+// to positions [0, pos0 + t]. Query head i uses kv head i / (n_heads / n_kv_heads).
+struct AttentionArgs {
+  const float* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  float* out;
+  int64_t tokens, n_heads, n_kv_heads, head_dim;
+  int64_t kv_pos_stride;
+  int64_t pos0;
+  float scale;
+};
+void AttentionCpu(const AttentionArgs& a, ThreadPool& pool);
+
+// out[i] = silu(gate[i]) * up[i] for i < n.
+void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n);
+
+// x[i] += y[i] for i < n.
+void AddInPlaceCpu(float* x, const float* y, int64_t n);
+
+// dst[i] = fp16(src[i]).
+void ConvertToFp16Cpu(const float* src, uint16_t* dst, int64_t n);
+
+}  // namespace kvmesh::kernels

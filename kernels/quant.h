@@ -1,0 +1,90 @@
+// Tensor element types and their block layouts, numbered as GGUF/ggml number them.
+//
+// A quantized row of n elements is n / block_elems blocks laid end to end; every block is
+// self-describing (scales inside), so a row's bytes are block_bytes * n / block_elems.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace kvmesh::kernels {
+
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+struct DTypeTraits {
+  std::string_view name;
+  int64_t block_elems;  // elements per block
+  int64_t block_bytes;  // bytes per block
+};
+
+// Traits of a supported type, or nullopt for any other type id (including ids that exist in
+// ggml but that kvmesh does not read).
+std::optional<DTypeTraits> TraitsOf(uint32_t type_id);
+DTypeTraits TraitsOf(DType t);  // t must be a supported type.
+
+inline constexpr int kQK = 32;    // elements per block of the 32-wide formats
+inline constexpr int kQKK = 256;  // elements per K-quant super-block
+
+// Block layouts (bit-compatible with ggml).
+struct BlockQ4_0 {
+  uint16_t d;  // fp16 scale
+  uint8_t qs[kQK / 2];  // element j in low nibble of qs[j], element j+16 in the high nibble
+};
+struct BlockQ4_1 {
+  uint16_t d, m;  // fp16 scale and minimum: x = d * q + m
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK];
+};
+// Activations quantised on the fly for the integer dot products: 16-bit values with an fp32
+// scale per 32 elements. (ggml uses 8 bits here; 16 bits keep the logits within ~1e-3 of an
+// exact float64 evaluation instead of ~2e-2, at a small cost in decode speed.)
+struct BlockA16 {
+  float d;          // scale: x ~= d * qs[j]
+  int32_t sum;      // sum of qs, for the weight formats with an offset (Q4_0's -8, Q4_1's m)
+  int16_t qs[kQK];
+};
+struct BlockQ4_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];  // 8 six-bit scales and 8 six-bit mins, packed
+  uint8_t qs[kQKK / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQKK / 2];
+  uint8_t qh[kQKK / 4];
+  int8_t scales[kQKK / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockA16) == 72);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// Bytes of a row of n elements of type t; n must be a multiple of the block size.
+inline int64_t RowBytes(DType t, int64_t n) {
+  const DTypeTraits tr = TraitsOf(t);
+  return n / tr.block_elems * tr.block_bytes;
+}
+
+// dst[0..n) = the n elements of the row at src. n must be a multiple of t's block size.
+void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
+
+// Quantises n floats (n % 32 == 0) into n / 32 activation blocks (round to nearest).
+void QuantizeRowA16(const float* x, BlockA16* y, int64_t n);
+
+}  // namespace kvmesh::kernels

@@ -1,0 +1,77 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_set>
+#include <vector>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::model {
+
+absl::Status SamplingParams::Validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    return absl::InvalidArgumentError(StrCat("temperature must be >= 0, got ", temperature));
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (!(repeat_penalty > 0.0f) || !std::isfinite(repeat_penalty)) {
+    return absl::InvalidArgumentError(StrCat("repeat_penalty must be > 0, got ", repeat_penalty));
+  }
+  if (repeat_last_n < 0) return absl::InvalidArgumentError("repeat_last_n must be >= 0");
+  return absl::OkStatus();
+}
+
+int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0) {
+    const size_t from = history.size() > static_cast<size_t>(p_.repeat_last_n) ? history.size() - p_.repeat_last_n : 0;
+    std::unordered_set<int32_t> seen(history.begin() + from, history.end());
+    for (int32_t id : seen) {
+      if (id < 0 || id >= n) continue;
+      // As llama.cpp: shrink positive logits, push negative ones further down.
+      logits[id] = logits[id] > 0 ? logits[id] / p_.repeat_penalty : logits[id] * p_.repeat_penalty;
+    }
+  }
+  if (p_.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  const int32_t k = (p_.top_k <= 0 || p_.top_k > n) ? n : p_.top_k;
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+  idx.resize(k);
+  std::vector<double> prob(k);
+  const double mx = logits[idx[0]];
+  double sum = 0.0;
+  for (int32_t i = 0; i < k; ++i) {
+    prob[i] = std::exp((logits[idx[i]] - mx) / p_.temperature);
+    sum += prob[i];
+  }
+  // Top-p: the smallest prefix (by probability) whose mass reaches top_p.
+  int32_t keep = k;
+  if (p_.top_p < 1.0f) {
+    double cum = 0.0;
+    for (int32_t i = 0; i < k; ++i) {
+      cum += prob[i] / sum;
+      if (cum >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double total = 0.0;
+  for (int32_t i = 0; i < keep; ++i) total += prob[i];
+  std::uniform_real_distribution<double> u(0.0, total);
+  double r = u(rng_);
+  for (int32_t i = 0; i < keep; ++i) {
+    r -= prob[i];
+    if (r <= 0.0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+}  // namespace kvmesh::model

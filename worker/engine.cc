@@ -1,0 +1,96 @@
+#include "worker/engine.h"
+
+#include <chrono>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::worker {
+
+namespace {
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts) {
+  std::unique_ptr<Engine> e(new Engine());
+  auto m = model::LlamaModel::Load(opts.model_path);
+  if (!m.ok()) return m.status();
+  e->model_ = std::move(*m);
+  auto tok = model::Tokenizer::FromGguf(e->model_->gguf());
+  if (!tok.ok()) return tok.status();
+  e->tokenizer_ = std::move(*tok);
+  if (e->tokenizer_->vocab_size() != e->model_->config().n_vocab) {
+    return absl::InvalidArgumentError(StrCat("model: tokenizer has ", e->tokenizer_->vocab_size(), " tokens but token_embd.weight has ", e->model_->config().n_vocab, " rows"));
+  }
+  if (auto ct = model::ChatTemplate::FromGguf(e->model_->gguf()); ct.ok()) e->chat_ = *ct;
+  const int64_t train_ctx = e->model_->config().n_ctx_train;
+  if (opts.ctx_size < 0) return absl::InvalidArgumentError("ctx_size must be >= 0");
+  e->ctx_size_ = opts.ctx_size == 0 ? train_ctx : std::min(opts.ctx_size, train_ctx);
+  if (opts.threads < 0) return absl::InvalidArgumentError("threads must be >= 0");
+  e->pool_ = std::make_unique<kernels::ThreadPool>(opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
+  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_);
+  return e;
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::ChatPrompt(const std::string& user_message) const {
+  if (!chat_) return absl::FailedPreconditionError("model has no supported chat template");
+  const std::string text = chat_->Render({{"user", user_message}}, /*add_generation_prompt=*/true);
+  return tokenizer_->Encode(text, /*parse_special=*/true);
+}
+
+absl::Status Engine::CheckPrompt(const std::vector<int32_t>& prompt) const {
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) >= ctx_size_) {
+    return absl::InvalidArgumentError(StrCat("prompt is ", prompt.size(), " tokens, which does not fit the context size ", ctx_size_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
+                                                const std::function<void(int32_t)>& on_token) {
+  if (auto s = CheckPrompt(req.prompt); !s.ok()) return s;
+  if (auto s = req.sampling.Validate(); !s.ok()) return s;
+  if (req.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
+  const auto& c = model_->config();
+  kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, ctx_size_);
+  model::Sampler sampler(req.sampling);
+  std::vector<float> logits(c.n_vocab);
+  std::vector<int32_t> history = req.prompt;
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  r.stop_reason = "length";
+
+  auto t0 = std::chrono::steady_clock::now();
+  if (auto s = forward_->Forward(req.prompt, cache, logits); !s.ok()) return s;
+  r.prefill_ms = MsSince(t0);
+  t0 = std::chrono::steady_clock::now();
+  for (int32_t i = 0; i < req.max_tokens; ++i) {
+    const int32_t tok = sampler.Sample(logits, history);
+    r.tokens.push_back(tok);
+    history.push_back(tok);
+    if (on_token) on_token(tok);
+    if (tokenizer_->IsEndOfGeneration(tok)) {
+      r.stop_reason = "eos";
+      break;
+    }
+    if (i + 1 == req.max_tokens) break;
+    if (cache.size() + 1 > ctx_size_) break;  // context full: stop as "length"
+    const int32_t one[1] = {tok};
+    if (auto s = forward_->Forward(one, cache, logits); !s.ok()) return s;
+  }
+  r.decode_ms = MsSince(t0);
+  r.text = tokenizer_->Decode(r.tokens);
+  return r;
+}
+
+absl::StatusOr<std::vector<float>> Engine::LastLogits(const std::vector<int32_t>& prompt) {
+  if (auto s = CheckPrompt(prompt); !s.ok()) return s;
+  const auto& c = model_->config();
+  kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, ctx_size_);
+  std::vector<float> logits(c.n_vocab);
+  if (auto s = forward_->Forward(prompt, cache, logits); !s.ok()) return s;
+  return logits;
+}
+
+}  // namespace kvmesh::worker

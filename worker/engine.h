@@ -1,0 +1,79 @@
+// The single-process generation engine: owns the model, tokenizer, chat template, thread pool
+// and forward pass, and runs one request at a time (prefill, then sampled decode until an
+// end-of-generation token or the token limit).
+//
+// Not thread safe: one request at a time. The serving engine (continuous batching) builds on
+// the same LlamaForward and KV cache.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/thread_pool.h"
+#include "model/chat_template.h"
+#include "model/llama_model.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "worker/llama_forward.h"
+
+namespace kvmesh::worker {
+
+struct EngineOptions {
+  std::string model_path;
+  int threads = 0;          // 0: the CPUs this process may use
+  int64_t ctx_size = 0;     // 0: the model's training context
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;  // token ids
+  int32_t max_tokens = 256;
+  model::SamplingParams sampling;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, including a final end-of-generation token
+  std::string text;             // detokenised generated text (without control tokens)
+  std::string stop_reason;      // "eos" or "length"
+  double prefill_ms = 0, decode_ms = 0;
+  int64_t prompt_tokens = 0;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& opts);
+
+  const model::LlamaModel& model() const { return *model_; }
+  const model::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Null if the model has no supported chat template.
+  const model::ChatTemplate* chat_template() const { return chat_ ? &*chat_ : nullptr; }
+  int threads() const { return pool_->size(); }
+  int64_t ctx_size() const { return ctx_size_; }
+
+  // Tokens of a user prompt rendered through the chat template (with generation prompt).
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const std::string& user_message) const;
+
+  // Generates from a fresh context. on_token (optional) sees each new token id as it is sampled.
+  // InvalidArgument if the prompt is empty or does not leave room for one token in the context.
+  absl::StatusOr<GenerateResult> Generate(const GenerateRequest& req,
+                                          const std::function<void(int32_t)>& on_token = {});
+
+  // Logits at the last position of `prompt` (raw, no template), n_vocab floats.
+  absl::StatusOr<std::vector<float>> LastLogits(const std::vector<int32_t>& prompt);
+
+ private:
+  Engine() = default;
+  absl::Status CheckPrompt(const std::vector<int32_t>& prompt) const;
+
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::optional<model::ChatTemplate> chat_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
+  std::unique_ptr<LlamaForward> forward_;
+  int64_t ctx_size_ = 0;
+};
+
+}  // namespace kvmesh::worker

@@ -1,0 +1,93 @@
+#include "worker/llama_forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/str_cat.h"
+#include "kernels/ops.h"
+
+namespace kvmesh::worker {
+
+using kernels::MatMulArgs;
+
+LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
+                           int64_t max_batch)
+    : model_(model), pool_(pool), max_batch_(std::max<int64_t>(1, max_batch)) {}
+
+absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,
+                                   std::span<float> logits) {
+  const auto& c = model_.config();
+  if (tokens.empty()) return absl::InvalidArgumentError("forward: no tokens");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.n_vocab) {
+      return absl::InvalidArgumentError(StrCat("forward: token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", c.n_vocab, ")"));
+    }
+  }
+  if (!logits.empty() && static_cast<int64_t>(logits.size()) != c.n_vocab) {
+    return absl::InvalidArgumentError("forward: logits buffer is not n_vocab long");
+  }
+  if (auto s = cache.Reserve(cache.size() + static_cast<int64_t>(tokens.size())); !s.ok()) return s;
+  for (size_t b = 0; b < tokens.size(); b += max_batch_) {
+    const int64_t n = std::min<int64_t>(max_batch_, tokens.size() - b);
+    Batch(tokens.data() + b, n, cache);
+  }
+  if (!logits.empty()) {
+    // x_ holds the last batch's hidden states; only the final token needs the LM head.
+    const int64_t last = ((static_cast<int64_t>(tokens.size()) - 1) % max_batch_);
+    std::vector<float> h(x_.begin() + last * c.n_embd, x_.begin() + (last + 1) * c.n_embd);
+    kernels::RmsNormCpu({h.data(), model_.output_norm(), h.data(), 1, c.n_embd, c.rms_eps});
+    kernels::MatMulCpu(MatMulArgs{model_.output(), h.data(), logits.data(), 1, c.n_vocab}, pool_);
+  }
+  return absl::OkStatus();
+}
+
+void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache) {
+  const auto& c = model_.config();
+  const int64_t E = c.n_embd, hd = c.head_dim, H = c.n_heads, KV = c.n_kv_heads, F = c.n_ff;
+  const int64_t pos0 = cache.size();
+  x_.resize(n * E);
+  xn_.resize(n * E);
+  q_.resize(n * H * hd);
+  k_.resize(n * KV * hd);
+  v_.resize(n * KV * hd);
+  attn_.resize(n * H * hd);
+  tmp_.resize(n * E);
+  gate_.resize(n * F);
+  up_.resize(n * F);
+  pos_.resize(n);
+  for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(pos0 + t);
+
+  const auto& emb = model_.tok_embd();
+  for (int64_t t = 0; t < n; ++t) {
+    kernels::DequantizeRow(emb.type, static_cast<const uint8_t*>(emb.data) + tokens[t] * emb.row_bytes,
+                           x_.data() + t * E, E);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const model::LlamaLayer& L = model_.layer(l);
+    kernels::RmsNormCpu({x_.data(), L.attn_norm, xn_.data(), n, E, c.rms_eps});
+    kernels::MatMulCpu(MatMulArgs{L.wq, xn_.data(), q_.data(), n, H * hd}, pool_);
+    kernels::MatMulCpu(MatMulArgs{L.wk, xn_.data(), k_.data(), n, KV * hd}, pool_);
+    kernels::MatMulCpu(MatMulArgs{L.wv, xn_.data(), v_.data(), n, KV * hd}, pool_);
+    kernels::RopeCpu({q_.data(), pos_.data(), n, H, hd, c.rot_dim, c.rope_theta});
+    kernels::RopeCpu({k_.data(), pos_.data(), n, KV, hd, c.rot_dim, c.rope_theta});
+    // Append K/V at positions [pos0, pos0 + n): the cache rows are exactly [n, KV, hd].
+    kernels::ConvertToFp16Cpu(k_.data(), cache.k(l) + pos0 * cache.pos_stride(), n * KV * hd);
+    kernels::ConvertToFp16Cpu(v_.data(), cache.v(l) + pos0 * cache.pos_stride(), n * KV * hd);
+    kernels::AttentionCpu({q_.data(), cache.k(l), cache.v(l), attn_.data(), n, H, KV, hd,
+                           cache.pos_stride(), pos0, scale},
+                          pool_);
+    kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
+    kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
+
+    kernels::RmsNormCpu({x_.data(), L.ffn_norm, xn_.data(), n, E, c.rms_eps});
+    kernels::MatMulCpu(MatMulArgs{L.w_gate, xn_.data(), gate_.data(), n, F}, pool_);
+    kernels::MatMulCpu(MatMulArgs{L.w_up, xn_.data(), up_.data(), n, F}, pool_);
+    kernels::SwiGluCpu(gate_.data(), up_.data(), gate_.data(), n * F);
+    kernels::MatMulCpu(MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_);
+    kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
+  }
+  cache.set_size(pos0 + n);
+}
+
+}  // namespace kvmesh::worker
