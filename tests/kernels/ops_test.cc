@@ -1,0 +1,250 @@
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/fp16.h"
+#include "kernels/isa.h"
+
+namespace kvmesh::kernels {
+namespace {
+
+double RelL2(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::vector<float> Randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Random, valid bytes for `rows` rows of `cols` elements of type t (fp16 scales kept finite).
+std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.002f, 0.05f);
+  const int64_t rb = RowBytes(t, cols);
+  std::vector<uint8_t> w(rows * rb);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  auto set_h = [&](uint8_t* p, float v) {
+    const uint16_t h = FloatToFp16(v);
+    std::memcpy(p, &h, 2);
+  };
+  const DTypeTraits tr = TraitsOf(t);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.data() + r * rb;
+    for (int64_t b = 0; b < cols / tr.block_elems; ++b) {
+      uint8_t* blk = row + b * tr.block_bytes;
+      switch (t) {
+        case DType::kQ4_0: case DType::kQ8_0: set_h(blk, sc(rng)); break;
+        case DType::kQ4_1: set_h(blk, sc(rng)); set_h(blk + 2, -8 * sc(rng)); break;
+        case DType::kQ4_K: set_h(blk, sc(rng) / 10); set_h(blk + 2, sc(rng) / 10); break;
+        case DType::kQ6_K: set_h(blk + 208, sc(rng) / 10); break;
+        default: break;
+      }
+    }
+    if (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) {
+      const auto vals = Randn(cols, seed + r, 0.1f);
+      for (int64_t c = 0; c < cols; ++c) {
+        if (t == DType::kF32) std::memcpy(row + 4 * c, &vals[c], 4);
+        if (t == DType::kF16) set_h(row + 2 * c, vals[c]);
+        if (t == DType::kBF16) {
+          uint32_t bits;
+          std::memcpy(&bits, &vals[c], 4);
+          const uint16_t hb = static_cast<uint16_t>(bits >> 16);
+          std::memcpy(row + 2 * c, &hb, 2);
+        }
+      }
+    }
+  }
+  return w;
+}
+
+class IsaTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!SetIsa(GetParam())) GTEST_SKIP() << "this CPU lacks " << IsaName(GetParam());
+  }
+  void TearDown() override { SetIsa(DetectedIsa()); }
+};
+
+struct MatMulCase {
+  DType type;
+  int64_t rows, cols, tokens;
+};
+
+TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
+  ThreadPool pool(2);
+  const MatMulCase cases[] = {
+      {DType::kQ4_0, 37, 96, 1},  {DType::kQ4_0, 16, 576, 5},  {DType::kQ4_1, 41, 64, 3},
+      {DType::kQ4_1, 17, 576, 1}, {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
+      {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
+      {DType::kF16, 7, 40, 3},    {DType::kBF16, 11, 24, 2},   {DType::kF32, 19, 33, 5},
+  };
+  for (const MatMulCase& c : cases) {
+    const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
+    const auto x = Randn(c.tokens * c.cols, 11 + c.tokens);
+    WeightMatrix wm{c.type, w.data(), c.rows, c.cols, static_cast<size_t>(RowBytes(c.type, c.cols))};
+    // Reference: dequantise each row, double-precision dot products.
+    std::vector<double> ref(c.tokens * c.rows);
+    std::vector<float> row(c.cols);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      DequantizeRow(c.type, w.data() + r * wm.row_bytes, row.data(), c.cols);
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        double s = 0;
+        for (int64_t k = 0; k < c.cols; ++k) s += static_cast<double>(row[k]) * x[t * c.cols + k];
+        ref[t * c.rows + r] = s;
+      }
+    }
+    std::vector<float> out(c.tokens * c.rows, 12345.0f);
+    MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
+    EXPECT_LT(RelL2(out, ref), 2e-4) << TraitsOf(c.type).name << " " << c.rows << "x" << c.cols
+                                     << " tokens=" << c.tokens;
+    // A row range writes only its rows.
+    std::vector<float> part(c.tokens * c.rows, 7.0f);
+    MatMulCpu({wm, x.data(), part.data(), c.tokens, c.rows, 1, c.rows - 1}, pool);
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      EXPECT_EQ(part[t * c.rows], 7.0f);
+      EXPECT_EQ(part[t * c.rows + c.rows - 1], 7.0f);
+      if (c.rows > 2) EXPECT_NEAR(part[t * c.rows + 1], out[t * c.rows + 1], 1e-6);
+    }
+  }
+}
+
+TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
+  ThreadPool pool(2);
+  struct Case { int64_t tokens, n_heads, n_kv, hd, pos0; };
+  for (const Case c : {Case{1, 9, 3, 64, 0}, Case{1, 9, 3, 64, 150}, Case{7, 4, 2, 24, 0},
+                       Case{5, 6, 6, 17, 70}, Case{3, 3, 1, 8, 1}}) {
+    const int64_t n_pos = c.pos0 + c.tokens;
+    const int64_t stride = c.n_kv * c.hd;
+    const auto kf = Randn(n_pos * stride, 5);
+    const auto vf = Randn(n_pos * stride, 6);
+    std::vector<uint16_t> k(kf.size()), v(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+      k[i] = FloatToFp16(kf[i]);
+      v[i] = FloatToFp16(vf[i]);
+    }
+    const auto q = Randn(c.tokens * c.n_heads * c.hd, 8, 0.5f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    std::vector<double> ref(q.size());
+    const int64_t group = c.n_heads / c.n_kv;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      for (int64_t h = 0; h < c.n_heads; ++h) {
+        const int64_t kvh = h / group;
+        const int64_t n = c.pos0 + t + 1;
+        std::vector<double> s(n);
+        double mx = -1e300;
+        for (int64_t j = 0; j < n; ++j) {
+          double d = 0;
+          for (int64_t i = 0; i < c.hd; ++i) {
+            d += q[(t * c.n_heads + h) * c.hd + i] * Fp16ToFloat(k[j * stride + kvh * c.hd + i]);
+          }
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (auto& e : s) z += (e = std::exp(e - mx));
+        for (int64_t i = 0; i < c.hd; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j < n; ++j) o += s[j] / z * Fp16ToFloat(v[j * stride + kvh * c.hd + i]);
+          ref[(t * c.n_heads + h) * c.hd + i] = o;
+        }
+      }
+    }
+    std::vector<float> out(q.size(), 99.0f);
+    AttentionCpu({q.data(), k.data(), v.data(), out.data(), c.tokens, c.n_heads, c.n_kv, c.hd,
+                  stride, c.pos0, scale},
+                 pool);
+    EXPECT_LT(RelL2(out, ref), 1e-5) << "tokens=" << c.tokens << " pos0=" << c.pos0 << " hd=" << c.hd;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, IsaTest, ::testing::Values(Isa::kScalar, Isa::kAvx2),
+                         [](const auto& info) { return std::string(IsaName(info.param)); });
+
+TEST(Elementwise, RmsNormMatchesReference) {
+  for (int64_t cols : {1, 7, 576}) {
+    const auto x = Randn(3 * cols, 1);
+    const auto w = Randn(cols, 2);
+    std::vector<float> out(x.size());
+    RmsNormCpu({x.data(), w.data(), out.data(), 3, cols, 1e-5f});
+    std::vector<double> ref(x.size());
+    for (int64_t r = 0; r < 3; ++r) {
+      double ss = 0;
+      for (int64_t c = 0; c < cols; ++c) ss += double(x[r * cols + c]) * x[r * cols + c];
+      const double s = 1.0 / std::sqrt(ss / cols + 1e-5);
+      for (int64_t c = 0; c < cols; ++c) ref[r * cols + c] = x[r * cols + c] * s * w[c];
+    }
+    EXPECT_LT(RelL2(out, ref), 1e-6) << cols;
+  }
+}
+
+TEST(Elementwise, RopeRotatesAdjacentPairs) {
+  const int64_t tokens = 3, heads = 2, hd = 10, rot = 8;  // last pair left alone
+  auto x = Randn(tokens * heads * hd, 4);
+  const auto x0 = x;
+  const int32_t pos[] = {0, 5, 1000};
+  RopeCpu({x.data(), pos, tokens, heads, hd, rot, 10000.0f});
+  std::vector<double> ref(x.size());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t b = (t * heads + h) * hd;
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        if (2 * i >= rot) {
+          ref[b + 2 * i] = x0[b + 2 * i];
+          ref[b + 2 * i + 1] = x0[b + 2 * i + 1];
+          continue;
+        }
+        const double th = pos[t] * std::pow(10000.0, -2.0 * i / rot);
+        ref[b + 2 * i] = x0[b + 2 * i] * std::cos(th) - x0[b + 2 * i + 1] * std::sin(th);
+        ref[b + 2 * i + 1] = x0[b + 2 * i] * std::sin(th) + x0[b + 2 * i + 1] * std::cos(th);
+      }
+    }
+  }
+  EXPECT_LT(RelL2(x, ref), 1e-5);
+}
+
+TEST(Elementwise, SwiGluAndAdd) {
+  const auto g = Randn(37, 1), u = Randn(37, 2);
+  std::vector<float> out(37), acc = u;
+  SwiGluCpu(g.data(), u.data(), out.data(), 37);
+  AddInPlaceCpu(acc.data(), g.data(), 37);
+  for (int i = 0; i < 37; ++i) {
+    EXPECT_NEAR(out[i], g[i] / (1 + std::exp(-g[i])) * u[i], 1e-6);
+    EXPECT_FLOAT_EQ(acc[i], u[i] + g[i]);
+  }
+}
+
+TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 16, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.ParallelFor(n, 4, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+    }
+    // Many small jobs back to back (the decode pattern) neither lose nor repeat work.
+    std::atomic<int64_t> total{0};
+    for (int j = 0; j < 300; ++j) pool.Run([&](int, int) { total.fetch_add(1); });
+    EXPECT_EQ(total.load(), 300 * threads);
+  }
+}
+
+}  // namespace
+}  // namespace kvmesh::kernels
