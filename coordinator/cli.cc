@@ -6,13 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
-#include "util/str_cat.h"
 #include "coordinator/flags.h"
 #include "kernels/isa.h"
+#include "util/str_cat.h"
 #include "worker/engine.h"
 
 #ifndef KVMESH_SCRIPTS_DIR
@@ -141,7 +140,8 @@ int Run(int argc, char** argv) {
     std::cout << pending << "\n";
     std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->prefill_ms << " ms, "
               << r->tokens.size() << " generated in " << r->decode_ms << " ms (" << r->stop_reason
-              << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa()) << ")\n";
+              << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
+              << ")\n";
   }
   return 0;
 }
@@ -184,7 +184,9 @@ int ModelCmd(int argc, char** argv) {
   if (argc < 3 || std::string(argv[2]) != "pull") {
     return Fail(absl::InvalidArgumentError("model: the only subcommand is `kvmesh model pull`"));
   }
-  if (argc > 3) return Fail(absl::InvalidArgumentError(StrCat("model pull: unexpected argument '", argv[3], "'")));
+  if (argc > 3)
+    return Fail(
+        absl::InvalidArgumentError(StrCat("model pull: unexpected argument '", argv[3], "'")));
   const std::string script = StrCat(KVMESH_SCRIPTS_DIR, "/model_pull.sh");
   execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
   return Fail(absl::InternalError(StrCat("cannot run ", script)));

@@ -31,7 +31,8 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, int first,
     }
     if (!valued.count(name)) return absl::InvalidArgumentError(StrCat("unknown flag --", name));
     if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(StrCat("flag --", name, " needs a value"));
+      if (i + 1 >= argc)
+        return absl::InvalidArgumentError(StrCat("flag --", name, " needs a value"));
       value = argv[++i];
     }
     f.values_[name] = value;
@@ -44,7 +45,8 @@ std::string Flags::String(const std::string& name, const std::string& dflt) cons
   return it == values_.end() ? dflt : it->second;
 }
 
-absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const {
+absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t dflt, int64_t lo,
+                                   int64_t hi) const {
   auto it = values_.find(name);
   if (it == values_.end()) return dflt;
   const std::string& s = it->second;
@@ -52,19 +54,22 @@ absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t dflt, int64_
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
-    return absl::InvalidArgumentError(StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", s, "'"));
+    return absl::InvalidArgumentError(
+        StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", s, "'"));
   }
   return v;
 }
 
-absl::StatusOr<double> Flags::Float(const std::string& name, double dflt, double lo, double hi) const {
+absl::StatusOr<double> Flags::Float(const std::string& name, double dflt, double lo,
+                                    double hi) const {
   auto it = values_.find(name);
   if (it == values_.end()) return dflt;
   const std::string& s = it->second;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(StrCat("--", name, " must be a number in [", lo, ", ", hi, "], got '", s, "'"));
+    return absl::InvalidArgumentError(
+        StrCat("--", name, " must be a number in [", lo, ", ", hi, "], got '", s, "'"));
   }
   return v;
 }
@@ -77,7 +82,8 @@ absl::StatusOr<uint64_t> Flags::Uint64(const std::string& name, uint64_t dflt) c
   errno = 0;
   const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
   if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE) {
-    return absl::InvalidArgumentError(StrCat("--", name, " must be a non-negative integer, got '", s, "'"));
+    return absl::InvalidArgumentError(
+        StrCat("--", name, " must be a non-negative integer, got '", s, "'"));
   }
   return v;
 }

@@ -58,8 +58,9 @@ void MatMulCpu(const MatMulArgs& a, ThreadPool& pool);
 
 // Causal grouped-query attention over an fp16 KV cache, flash style (online softmax, no score
 // matrix). q: [tokens, n_heads, head_dim]; out: same shape. K and V of kv head h, position p
-// start at k + p * kv_pos_stride + h * head_dim (the cache is [positions, n_kv_heads, head_dim]). Query t sits at position pos0 + t and attends
-// to positions [0, pos0 + t]. Query head i uses kv head i / (n_heads / n_kv_heads).
+// start at k + p * kv_pos_stride + h * head_dim (the cache is [positions, n_kv_heads, head_dim]).
+// Query t sits at position pos0 + t and attends to positions [0, pos0 + t]. Query head i uses kv
+// head i / (n_heads / n_kv_heads).
 struct AttentionArgs {
   const float* q;
   const uint16_t* k;

@@ -38,7 +38,7 @@ inline constexpr int kQKK = 256;  // elements per K-quant super-block
 
 // Block layouts (bit-compatible with ggml).
 struct BlockQ4_0 {
-  uint16_t d;  // fp16 scale
+  uint16_t d;           // fp16 scale
   uint8_t qs[kQK / 2];  // element j in low nibble of qs[j], element j+16 in the high nibble
 };
 struct BlockQ4_1 {
@@ -53,8 +53,8 @@ struct BlockQ8_0 {
 // scale per 32 elements. (ggml uses 8 bits here; 16 bits keep the logits within ~1e-3 of an
 // exact float64 evaluation instead of ~2e-2, at a small cost in decode speed.)
 struct BlockA16 {
-  float d;          // scale: x ~= d * qs[j]
-  int32_t sum;      // sum of qs, for the weight formats with an offset (Q4_0's -8, Q4_1's m)
+  float d;      // scale: x ~= d * qs[j]
+  int32_t sum;  // sum of qs, for the weight formats with an offset (Q4_0's -8, Q4_1's m)
   int16_t qs[kQK];
 };
 struct BlockQ4_K {

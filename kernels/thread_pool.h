@@ -41,8 +41,8 @@ class ThreadPool {
   const int n_threads_;
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;  // written before generation_ bumps
-  std::atomic<uint64_t> generation_{0};  // bumped once per job; workers wait on it
-  std::atomic<int> pending_{0};          // workers still running the current job
+  std::atomic<uint64_t> generation_{0};                 // bumped once per job; workers wait on it
+  std::atomic<int> pending_{0};                         // workers still running the current job
   std::atomic<bool> stop_{false};
 };
 

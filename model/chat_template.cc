@@ -7,7 +7,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& f) {
   if (!tmpl.ok()) return tmpl.status();
   if (tmpl->find("<|im_start|>") == std::string_view::npos ||
       tmpl->find("<|im_end|>") == std::string_view::npos) {
-    return absl::InvalidArgumentError("tokenizer.chat_template: only ChatML templates are supported");
+    return absl::InvalidArgumentError(
+        "tokenizer.chat_template: only ChatML templates are supported");
   }
   ChatTemplate t;
   // The default system turn appears literally as '<|im_start|>system\n...<|im_end|>'.

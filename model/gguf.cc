@@ -21,19 +21,32 @@ constexpr int kMaxArrayDepth = 4;
 
 const char* TypeName(GgufType t) {
   switch (t) {
-    case GgufType::kU8: return "u8";
-    case GgufType::kI8: return "i8";
-    case GgufType::kU16: return "u16";
-    case GgufType::kI16: return "i16";
-    case GgufType::kU32: return "u32";
-    case GgufType::kI32: return "i32";
-    case GgufType::kF32: return "f32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kU64: return "u64";
-    case GgufType::kI64: return "i64";
-    case GgufType::kF64: return "f64";
+    case GgufType::kU8:
+      return "u8";
+    case GgufType::kI8:
+      return "i8";
+    case GgufType::kU16:
+      return "u16";
+    case GgufType::kI16:
+      return "i16";
+    case GgufType::kU32:
+      return "u32";
+    case GgufType::kI32:
+      return "i32";
+    case GgufType::kF32:
+      return "f32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kU64:
+      return "u64";
+    case GgufType::kI64:
+      return "i64";
+    case GgufType::kF64:
+      return "f64";
   }
   return "?";
 }
@@ -41,19 +54,38 @@ const char* TypeName(GgufType t) {
 // Fixed size of a scalar type, 0 for string/array, -1 for an unknown type id.
 int ScalarSize(uint32_t t) {
   switch (static_cast<GgufType>(t)) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-    case GgufType::kU16: case GgufType::kI16: return 2;
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-    case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: return 8;
-    case GgufType::kString: case GgufType::kArray: return 0;
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
   }
   return -1;
 }
 
 bool IsInteger(GgufType t) {
   switch (t) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kU16: case GgufType::kI16:
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kU64: case GgufType::kI64:
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kU16:
+    case GgufType::kI16:
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kU64:
+    case GgufType::kI64:
       return true;
     default:
       return false;
@@ -96,28 +128,95 @@ class Cursor {
 // Reads one scalar of type t into v (t must be a scalar type).
 void ReadScalar(Cursor& c, GgufType t, GgufValue* v) {
   switch (t) {
-    case GgufType::kU8: { uint8_t x = 0; c.Read(&x); v->u = x; v->i = x; break; }
-    case GgufType::kI8: { int8_t x = 0; c.Read(&x); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case GgufType::kBool: { uint8_t x = 0; c.Read(&x); v->i = x; v->u = x; break; }
-    case GgufType::kU16: { uint16_t x = 0; c.Read(&x); v->u = x; v->i = x; break; }
-    case GgufType::kI16: { int16_t x = 0; c.Read(&x); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case GgufType::kU32: { uint32_t x = 0; c.Read(&x); v->u = x; v->i = x; break; }
-    case GgufType::kI32: { int32_t x = 0; c.Read(&x); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case GgufType::kU64: { uint64_t x = 0; c.Read(&x); v->u = x; v->i = static_cast<int64_t>(x); break; }
-    case GgufType::kI64: { int64_t x = 0; c.Read(&x); v->i = x; v->u = static_cast<uint64_t>(x); break; }
-    case GgufType::kF32: { float x = 0; c.Read(&x); v->f = x; break; }
-    case GgufType::kF64: { double x = 0; c.Read(&x); v->f = x; break; }
-    default: break;
+    case GgufType::kU8: {
+      uint8_t x = 0;
+      c.Read(&x);
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case GgufType::kI8: {
+      int8_t x = 0;
+      c.Read(&x);
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case GgufType::kBool: {
+      uint8_t x = 0;
+      c.Read(&x);
+      v->i = x;
+      v->u = x;
+      break;
+    }
+    case GgufType::kU16: {
+      uint16_t x = 0;
+      c.Read(&x);
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case GgufType::kI16: {
+      int16_t x = 0;
+      c.Read(&x);
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case GgufType::kU32: {
+      uint32_t x = 0;
+      c.Read(&x);
+      v->u = x;
+      v->i = x;
+      break;
+    }
+    case GgufType::kI32: {
+      int32_t x = 0;
+      c.Read(&x);
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case GgufType::kU64: {
+      uint64_t x = 0;
+      c.Read(&x);
+      v->u = x;
+      v->i = static_cast<int64_t>(x);
+      break;
+    }
+    case GgufType::kI64: {
+      int64_t x = 0;
+      c.Read(&x);
+      v->i = x;
+      v->u = static_cast<uint64_t>(x);
+      break;
+    }
+    case GgufType::kF32: {
+      float x = 0;
+      c.Read(&x);
+      v->f = x;
+      break;
+    }
+    case GgufType::kF64: {
+      double x = 0;
+      c.Read(&x);
+      v->f = x;
+      break;
+    }
+    default:
+      break;
   }
 }
 
 // Skips (validating) an array of `count` elements of element type `et`, for nested arrays.
 absl::Status SkipArray(Cursor& c, uint32_t et, uint64_t count, int depth, std::string_view key) {
   const int sz = ScalarSize(et);
-  if (sz < 0) return InvalidArgumentError(StrCat("gguf: key '", key, "': unknown array element type ", et));
+  if (sz < 0)
+    return InvalidArgumentError(StrCat("gguf: key '", key, "': unknown array element type ", et));
   if (sz > 0) {
     if (count > c.remaining() / sz) {
-      return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", count, " elements runs past end of file"));
+      return InvalidArgumentError(
+          StrCat("gguf: key '", key, "': array of ", count, " elements runs past end of file"));
     }
     c.Take(count * sz);
     return absl::OkStatus();
@@ -125,29 +224,35 @@ absl::Status SkipArray(Cursor& c, uint32_t et, uint64_t count, int depth, std::s
   for (uint64_t i = 0; i < count; ++i) {
     if (et == static_cast<uint32_t>(GgufType::kString)) {
       std::string_view s;
-      if (!c.ReadString(&s)) return InvalidArgumentError(StrCat("gguf: key '", key, "': string in array runs past end of file"));
+      if (!c.ReadString(&s))
+        return InvalidArgumentError(
+            StrCat("gguf: key '", key, "': string in array runs past end of file"));
     } else {
-      if (depth >= kMaxArrayDepth) return InvalidArgumentError(StrCat("gguf: key '", key, "': arrays nested too deeply"));
+      if (depth >= kMaxArrayDepth)
+        return InvalidArgumentError(StrCat("gguf: key '", key, "': arrays nested too deeply"));
       uint32_t inner;
       uint64_t n;
-      if (!c.Read(&inner) || !c.Read(&n)) return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated nested array"));
+      if (!c.Read(&inner) || !c.Read(&n))
+        return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated nested array"));
       if (auto st = SkipArray(c, inner, n, depth + 1, key); !st.ok()) return st;
     }
   }
   return absl::OkStatus();
 }
 
-bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 }  // namespace
 
 std::string GgmlTypeName(uint32_t type_id) {
   if (auto tr = kernels::TraitsOf(type_id)) return std::string(tr->name);
-  static const char* const kNames[] = {"F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0",
-                                       "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                       "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-                                       "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32",
-                                       "I64", "F64", "IQ1_M", "BF16"};
+  static const char* const kNames[] = {
+      "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+      "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   if (type_id < sizeof(kNames) / sizeof(kNames[0])) return kNames[type_id];
   return StrCat("type ", type_id);
 }
@@ -181,7 +286,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   }
   void* map = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (map == MAP_FAILED) return absl::InternalError(StrCat("mmap '", path, "': ", std::strerror(errno)));
+  if (map == MAP_FAILED)
+    return absl::InternalError(StrCat("mmap '", path, "': ", std::strerror(errno)));
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->map_ = map;
   f->map_len_ = len;
@@ -212,45 +318,60 @@ absl::Status GgufFile::Parse() {
   // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at least
   // 8 + 4 + 4 + 8. Reject counts the file cannot hold before reserving anything.
   if (n_kv > c.remaining() / 13) {
-    return InvalidArgumentError(StrCat("gguf: key/value count ", n_kv, " exceeds what the file can hold"));
+    return InvalidArgumentError(
+        StrCat("gguf: key/value count ", n_kv, " exceeds what the file can hold"));
   }
   if (n_tensors > c.remaining() / 24) {
-    return InvalidArgumentError(StrCat("gguf: tensor count ", n_tensors, " exceeds what the file can hold"));
+    return InvalidArgumentError(
+        StrCat("gguf: tensor count ", n_tensors, " exceeds what the file can hold"));
   }
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string_view key;
-    if (!c.ReadString(&key)) return InvalidArgumentError(StrCat("gguf: key #", k, ": key string runs past end of file"));
+    if (!c.ReadString(&key))
+      return InvalidArgumentError(StrCat("gguf: key #", k, ": key string runs past end of file"));
     uint32_t type = 0;
-    if (!c.Read(&type)) return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated value type"));
+    if (!c.Read(&type))
+      return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated value type"));
     const int sz = ScalarSize(type);
-    if (sz < 0) return InvalidArgumentError(StrCat("gguf: key '", key, "': unknown value type ", type));
+    if (sz < 0)
+      return InvalidArgumentError(StrCat("gguf: key '", key, "': unknown value type ", type));
     GgufValue v;
     v.type = static_cast<GgufType>(type);
     if (sz > 0) {
-      if (c.remaining() < static_cast<size_t>(sz)) return InvalidArgumentError(StrCat("gguf: key '", key, "': value runs past end of file"));
+      if (c.remaining() < static_cast<size_t>(sz))
+        return InvalidArgumentError(StrCat("gguf: key '", key, "': value runs past end of file"));
       ReadScalar(c, v.type, &v);
     } else if (v.type == GgufType::kString) {
-      if (!c.ReadString(&v.str)) return InvalidArgumentError(StrCat("gguf: key '", key, "': string length runs past end of file"));
+      if (!c.ReadString(&v.str))
+        return InvalidArgumentError(
+            StrCat("gguf: key '", key, "': string length runs past end of file"));
     } else {  // array
       uint32_t et = 0;
-      if (!c.Read(&et) || !c.Read(&v.count)) return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated array header"));
+      if (!c.Read(&et) || !c.Read(&v.count))
+        return InvalidArgumentError(StrCat("gguf: key '", key, "': truncated array header"));
       const int esz = ScalarSize(et);
-      if (esz < 0) return InvalidArgumentError(StrCat("gguf: key '", key, "': unknown array element type ", et));
+      if (esz < 0)
+        return InvalidArgumentError(
+            StrCat("gguf: key '", key, "': unknown array element type ", et));
       v.elem_type = static_cast<GgufType>(et);
       if (esz > 0) {
         if (v.count > c.remaining() / esz) {
-          return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", v.count, " elements runs past end of file"));
+          return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", v.count,
+                                             " elements runs past end of file"));
         }
         v.data = c.Take(v.count * esz);
       } else if (v.elem_type == GgufType::kString) {
         if (v.count > c.remaining() / 8) {
-          return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", v.count, " strings runs past end of file"));
+          return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", v.count,
+                                             " strings runs past end of file"));
         }
         v.strings.reserve(v.count);
         for (uint64_t i = 0; i < v.count; ++i) {
           std::string_view s;
-          if (!c.ReadString(&s)) return InvalidArgumentError(StrCat("gguf: key '", key, "': string #", i, " runs past end of file"));
+          if (!c.ReadString(&s))
+            return InvalidArgumentError(
+                StrCat("gguf: key '", key, "': string #", i, " runs past end of file"));
           v.strings.push_back(s);
         }
       } else {
@@ -265,7 +386,8 @@ absl::Status GgufFile::Parse() {
 
   if (const GgufValue* a = Find("general.alignment")) {
     if (!IsInteger(a->type) || a->u == 0 || a->u > (1u << 20) || (a->u & (a->u - 1)) != 0) {
-      return InvalidArgumentError("gguf: key 'general.alignment': must be a power of two integer <= 1 MiB");
+      return InvalidArgumentError(
+          "gguf: key 'general.alignment': must be a power of two integer <= 1 MiB");
     }
     alignment_ = a->u;
   }
@@ -274,19 +396,24 @@ absl::Status GgufFile::Parse() {
   for (uint64_t ti = 0; ti < n_tensors; ++ti) {
     GgufTensorInfo t;
     std::string_view name;
-    if (!c.ReadString(&name)) return InvalidArgumentError(StrCat("gguf: tensor #", ti, ": name runs past end of file"));
+    if (!c.ReadString(&name))
+      return InvalidArgumentError(StrCat("gguf: tensor #", ti, ": name runs past end of file"));
     t.name = std::string(name);
     uint32_t n_dims = 0;
-    if (!c.Read(&n_dims)) return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated"));
+    if (!c.Read(&n_dims))
+      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated"));
     if (n_dims == 0 || n_dims > kMaxDims) {
-      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': n_dims ", n_dims, " not in [1, 4]"));
+      return InvalidArgumentError(
+          StrCat("gguf: tensor '", t.name, "': n_dims ", n_dims, " not in [1, 4]"));
     }
     uint64_t n_el = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t dim = 0;
-      if (!c.Read(&dim)) return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated dims"));
+      if (!c.Read(&dim))
+        return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated dims"));
       if (dim == 0 || dim > static_cast<uint64_t>(INT64_MAX)) {
-        return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': dim ", d, " = ", dim, " is invalid"));
+        return InvalidArgumentError(
+            StrCat("gguf: tensor '", t.name, "': dim ", d, " = ", dim, " is invalid"));
       }
       if (MulOverflows(n_el, dim, &n_el) || n_el > static_cast<uint64_t>(INT64_MAX)) {
         return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': element count overflows"));
@@ -294,14 +421,18 @@ absl::Status GgufFile::Parse() {
       t.dims.push_back(static_cast<int64_t>(dim));
     }
     uint32_t type = 0;
-    if (!c.Read(&type) || !c.Read(&t.offset)) return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated"));
+    if (!c.Read(&type) || !c.Read(&t.offset))
+      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': truncated"));
     const auto tr = kernels::TraitsOf(type);
     if (!tr) {
-      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': unsupported tensor type ", GgmlTypeName(type)));
+      return InvalidArgumentError(
+          StrCat("gguf: tensor '", t.name, "': unsupported tensor type ", GgmlTypeName(type)));
     }
     t.type = static_cast<kernels::DType>(type);
     if (t.dims[0] % tr->block_elems != 0) {
-      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': row of ", t.dims[0], " elements is not a multiple of the ", tr->name, " block size ", tr->block_elems));
+      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': row of ", t.dims[0],
+                                         " elements is not a multiple of the ", tr->name,
+                                         " block size ", tr->block_elems));
     }
     t.n_elements = n_el;
     uint64_t bytes = 0;
@@ -310,9 +441,11 @@ absl::Status GgufFile::Parse() {
     }
     t.n_bytes = bytes;
     if (t.offset % alignment_ != 0) {
-      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': offset ", t.offset, " is not aligned to ", alignment_));
+      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': offset ", t.offset,
+                                         " is not aligned to ", alignment_));
     }
-    if (tensor_index_.count(t.name)) return InvalidArgumentError(StrCat("gguf: duplicate tensor name '", t.name, "'"));
+    if (tensor_index_.count(t.name))
+      return InvalidArgumentError(StrCat("gguf: duplicate tensor name '", t.name, "'"));
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
@@ -326,7 +459,9 @@ absl::Status GgufFile::Parse() {
   const uint64_t data_len = data_start <= bytes_.size() ? bytes_.size() - data_start : 0;
   for (const auto& t : tensors_) {
     if (t.offset > data_len || t.n_bytes > data_len - t.offset) {
-      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': data [", t.offset, ", +", t.n_bytes, ") runs past end of file (data section is ", data_len, " bytes)"));
+      return InvalidArgumentError(StrCat("gguf: tensor '", t.name, "': data [", t.offset, ", +",
+                                         t.n_bytes, ") runs past end of file (data section is ",
+                                         data_len, " bytes)"));
     }
   }
   data_ = bytes_.data() + std::min<uint64_t>(data_start, bytes_.size());
@@ -344,9 +479,12 @@ const GgufTensorInfo* GgufFile::FindTensor(std::string_view name) const {
 }
 
 namespace {
-absl::Status Missing(std::string_view key) { return absl::NotFoundError(StrCat("gguf: missing key '", key, "'")); }
+absl::Status Missing(std::string_view key) {
+  return absl::NotFoundError(StrCat("gguf: missing key '", key, "'"));
+}
 absl::Status WrongType(std::string_view key, GgufType got, std::string_view want) {
-  return InvalidArgumentError(StrCat("gguf: key '", key, "' has type ", TypeName(got), ", want ", want));
+  return InvalidArgumentError(
+      StrCat("gguf: key '", key, "' has type ", TypeName(got), ", want ", want));
 }
 bool IsSigned(GgufType t) {
   return t == GgufType::kI8 || t == GgufType::kI16 || t == GgufType::kI32 || t == GgufType::kI64;
@@ -357,7 +495,8 @@ absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(key);
   if (!IsInteger(v->type)) return WrongType(key, v->type, "an integer");
-  if (IsSigned(v->type) && v->i < 0) return InvalidArgumentError(StrCat("gguf: key '", key, "' is negative (", v->i, ")"));
+  if (IsSigned(v->type) && v->i < 0)
+    return InvalidArgumentError(StrCat("gguf: key '", key, "' is negative (", v->i, ")"));
   return v->u;
 }
 
@@ -375,7 +514,8 @@ absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(key);
   if (v->type == GgufType::kF32 || v->type == GgufType::kF64) return v->f;
-  if (IsInteger(v->type)) return IsSigned(v->type) ? static_cast<double>(v->i) : static_cast<double>(v->u);
+  if (IsInteger(v->type))
+    return IsSigned(v->type) ? static_cast<double>(v->i) : static_cast<double>(v->u);
   return WrongType(key, v->type, "a number");
 }
 
@@ -393,17 +533,20 @@ absl::StatusOr<std::string_view> GgufFile::GetString(std::string_view key) const
   return v->str;
 }
 
-absl::StatusOr<std::span<const std::string_view>> GgufFile::GetStringArray(std::string_view key) const {
+absl::StatusOr<std::span<const std::string_view>> GgufFile::GetStringArray(
+    std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(key);
-  if (v->type != GgufType::kArray || v->elem_type != GgufType::kString) return WrongType(key, v->type, "array of strings");
+  if (v->type != GgufType::kArray || v->elem_type != GgufType::kString)
+    return WrongType(key, v->type, "array of strings");
   return std::span<const std::string_view>(v->strings);
 }
 
 absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(key);
-  if (v->type != GgufType::kArray || !IsInteger(v->elem_type)) return WrongType(key, v->type, "array of integers");
+  if (v->type != GgufType::kArray || !IsInteger(v->elem_type))
+    return WrongType(key, v->type, "array of integers");
   const int sz = ScalarSize(static_cast<uint32_t>(v->elem_type));
   std::vector<int64_t> out;
   out.reserve(v->count);

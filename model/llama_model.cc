@@ -5,7 +5,6 @@
 namespace kvmesh::model {
 namespace {
 
-
 absl::StatusOr<int64_t> PositiveKey(const GgufFile& f, const std::string& key, int64_t max) {
   auto v = f.GetUint(key);
   if (!v.ok()) return v.status();
@@ -15,14 +14,15 @@ absl::StatusOr<int64_t> PositiveKey(const GgufFile& f, const std::string& key, i
   return static_cast<int64_t>(*v);
 }
 
-absl::StatusOr<kernels::WeightMatrix> Matrix(const GgufFile& f, const std::string& name, int64_t rows,
-                                             int64_t cols) {
+absl::StatusOr<kernels::WeightMatrix> Matrix(const GgufFile& f, const std::string& name,
+                                             int64_t rows, int64_t cols) {
   const GgufTensorInfo* t = f.FindTensor(name);
   if (!t) return absl::InvalidArgumentError(StrCat("model: missing tensor '", name, "'"));
   if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
     std::string dims;
     for (auto d : t->dims) dims += StrCat(dims.empty() ? "" : ",", d);
-    return absl::InvalidArgumentError(StrCat("model: tensor '", name, "' has shape [", dims, "], want [", cols, ",", rows, "]"));
+    return absl::InvalidArgumentError(
+        StrCat("model: tensor '", name, "' has shape [", dims, "], want [", cols, ",", rows, "]"));
   }
   kernels::WeightMatrix w;
   w.type = t->type;
@@ -54,17 +54,18 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
   auto arch = f->GetString("general.architecture");
   if (!arch.ok()) return arch.status();
   if (*arch != "llama") {
-    return absl::InvalidArgumentError(StrCat("model: unsupported architecture '", *arch, "' (supported: llama)"));
+    return absl::InvalidArgumentError(
+        StrCat("model: unsupported architecture '", *arch, "' (supported: llama)"));
   }
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   LlamaConfig& c = m->cfg_;
   auto name = f->GetString("general.name");
   c.name = name.ok() ? std::string(*name) : "llama";
-#define KV_ASSIGN(field, key, max)                      \
-  {                                                     \
-    auto v = PositiveKey(*f, key, max);                 \
-    if (!v.ok()) return v.status();                     \
-    c.field = *v;                                       \
+#define KV_ASSIGN(field, key, max)      \
+  {                                     \
+    auto v = PositiveKey(*f, key, max); \
+    if (!v.ok()) return v.status();     \
+    c.field = *v;                       \
   }
   KV_ASSIGN(n_layers, "llama.block_count", 1024);
   KV_ASSIGN(n_embd, "llama.embedding_length", 1 << 16);
@@ -79,7 +80,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
     c.n_kv_heads = *v;
   }
   if (c.n_heads % c.n_kv_heads != 0 || c.n_embd % c.n_heads != 0) {
-    return absl::InvalidArgumentError("model: head counts do not divide the embedding / each other");
+    return absl::InvalidArgumentError(
+        "model: head counts do not divide the embedding / each other");
   }
   c.head_dim = c.n_embd / c.n_heads;
   c.rot_dim = c.head_dim;
@@ -99,7 +101,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
     c.rms_eps = static_cast<float>(*v);
   }
   const GgufTensorInfo* emb = f->FindTensor("token_embd.weight");
-  if (!emb || emb->dims.size() != 2) return absl::InvalidArgumentError("model: missing or malformed tensor 'token_embd.weight'");
+  if (!emb || emb->dims.size() != 2)
+    return absl::InvalidArgumentError("model: missing or malformed tensor 'token_embd.weight'");
   c.n_vocab = emb->dims[1];
 
   const int64_t hd = c.head_dim;
@@ -120,7 +123,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = StrCat("blk.", i, ".");
     LlamaLayer& L = m->layers_[i];
-    struct M { kernels::WeightMatrix* dst; const char* n; int64_t r, cc; };
+    struct M {
+      kernels::WeightMatrix* dst;
+      const char* n;
+      int64_t r, cc;
+    };
     const M mats[] = {
         {&L.wq, "attn_q.weight", c.n_heads * hd, c.n_embd},
         {&L.wk, "attn_k.weight", c.n_kv_heads * hd, c.n_embd},

@@ -32,7 +32,8 @@ struct LlamaConfig {
 struct LlamaLayer {
   const float* attn_norm = nullptr;  // [n_embd]
   const float* ffn_norm = nullptr;   // [n_embd]
-  kernels::WeightMatrix wq, wk, wv, wo;        // [n_heads*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_heads*hd]
+  kernels::WeightMatrix wq, wk, wv,
+      wo;  // [n_heads*hd, n_embd], [n_kv*hd, n_embd] x2, [n_embd, n_heads*hd]
   kernels::WeightMatrix w_gate, w_up, w_down;  // [n_ff, n_embd] x2, [n_embd, n_ff]
 };
 

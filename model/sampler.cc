@@ -27,7 +27,9 @@ absl::Status SamplingParams::Validate() const {
 int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
   const int32_t n = static_cast<int32_t>(logits.size());
   if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0) {
-    const size_t from = history.size() > static_cast<size_t>(p_.repeat_last_n) ? history.size() - p_.repeat_last_n : 0;
+    const size_t from = history.size() > static_cast<size_t>(p_.repeat_last_n)
+                            ? history.size() - p_.repeat_last_n
+                            : 0;
     std::unordered_set<int32_t> seen(history.begin() + from, history.end());
     for (int32_t id : seen) {
       if (id < 0 || id >= n) continue;
@@ -41,7 +43,9 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   const int32_t k = (p_.top_k <= 0 || p_.top_k > n) ? n : p_.top_k;
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
   idx.resize(k);
   std::vector<double> prob(k);

@@ -13,8 +13,8 @@ namespace kvmesh::model {
 
 struct SamplingParams {
   float temperature = 0.8f;
-  int32_t top_k = 40;    // <= 0: all tokens
-  float top_p = 0.95f;   // 1: off
+  int32_t top_k = 40;           // <= 0: all tokens
+  float top_p = 0.95f;          // 1: off
   float repeat_penalty = 1.0f;  // 1: off; applied to tokens of the last repeat_last_n
   int32_t repeat_last_n = 64;
   uint64_t seed = 0;

@@ -42,8 +42,13 @@ const ByteMap& Bytes() {
 // "invalid" (returned as 0xFFFFFFFF) of length 1, so any byte string can be split.
 uint32_t NextCodepoint(std::string_view s, size_t i, size_t* len) {
   const auto b0 = static_cast<uint8_t>(s[i]);
-  auto cont = [&](size_t k) { return i + k < s.size() && (static_cast<uint8_t>(s[i + k]) & 0xC0) == 0x80; };
-  if (b0 < 0x80) { *len = 1; return b0; }
+  auto cont = [&](size_t k) {
+    return i + k < s.size() && (static_cast<uint8_t>(s[i + k]) & 0xC0) == 0x80;
+  };
+  if (b0 < 0x80) {
+    *len = 1;
+    return b0;
+  }
   if ((b0 & 0xE0) == 0xC0 && cont(1)) {
     *len = 2;
     return ((b0 & 0x1Fu) << 6) | (static_cast<uint8_t>(s[i + 1]) & 0x3Fu);
@@ -56,7 +61,8 @@ uint32_t NextCodepoint(std::string_view s, size_t i, size_t* len) {
   if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
     *len = 4;
     return ((b0 & 0x07u) << 18) | ((static_cast<uint8_t>(s[i + 1]) & 0x3Fu) << 12) |
-           ((static_cast<uint8_t>(s[i + 2]) & 0x3Fu) << 6) | (static_cast<uint8_t>(s[i + 3]) & 0x3Fu);
+           ((static_cast<uint8_t>(s[i + 2]) & 0x3Fu) << 6) |
+           (static_cast<uint8_t>(s[i + 3]) & 0x3Fu);
   }
   *len = 1;
   return 0xFFFFFFFFu;
@@ -89,11 +95,17 @@ void Gpt2Split(const std::vector<Cp>& c, size_t b, size_t e, std::vector<size_t>
     const uint32_t ch = c[pos].cp;
     if (ch == '\'' && pos + 1 < e) {
       const uint32_t n1 = cp(pos + 1);
-      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') { pos += 2; ends->push_back(pos); continue; }
+      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+        pos += 2;
+        ends->push_back(pos);
+        continue;
+      }
       if (pos + 2 < e) {
         const uint32_t n2 = cp(pos + 2);
         if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
-          pos += 3; ends->push_back(pos); continue;
+          pos += 3;
+          ends->push_back(pos);
+          continue;
         }
       }
     }
@@ -114,7 +126,9 @@ void Gpt2Split(const std::vector<Cp>& c, size_t b, size_t e, std::vector<size_t>
       }
       if (!f.space && f.cp != 0xFFFFFFFFu) {
         pos = p2 + 1;
-        while (pos < e && !c[pos].space && !c[pos].letter && !c[pos].number && c[pos].cp != 0xFFFFFFFFu) ++pos;
+        while (pos < e && !c[pos].space && !c[pos].letter && !c[pos].number &&
+               c[pos].cp != 0xFFFFFFFFu)
+          ++pos;
         ends->push_back(pos);
         continue;
       }
@@ -141,7 +155,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   auto model = f.GetString("tokenizer.ggml.model");
   if (!model.ok()) return model.status();
   if (*model != "gpt2") {
-    return absl::InvalidArgumentError(StrCat("tokenizer.ggml.model '", *model, "' is not supported (only byte-level BPE 'gpt2')"));
+    return absl::InvalidArgumentError(StrCat("tokenizer.ggml.model '", *model,
+                                             "' is not supported (only byte-level BPE 'gpt2')"));
   }
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   auto pre = f.GetString("tokenizer.ggml.pre");
@@ -149,7 +164,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   if (pre_name == "smollm") {
     t->split_digits_ = true;
   } else if (pre_name != "gpt-2" && pre_name != "gpt2" && pre_name != "default") {
-    return absl::InvalidArgumentError(StrCat("tokenizer.ggml.pre '", pre_name, "' is not supported (smollm, gpt-2)"));
+    return absl::InvalidArgumentError(
+        StrCat("tokenizer.ggml.pre '", pre_name, "' is not supported (smollm, gpt-2)"));
   }
   auto tokens = f.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens.ok()) return tokens.status();
@@ -167,7 +183,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   if (f.Find("tokenizer.ggml.token_type")) {
     auto types = f.GetIntArray("tokenizer.ggml.token_type");
     if (!types.ok()) return types.status();
-    if (types->size() != n) return absl::InvalidArgumentError("tokenizer.ggml.token_type: length differs from tokenizer.ggml.tokens");
+    if (types->size() != n)
+      return absl::InvalidArgumentError(
+          "tokenizer.ggml.token_type: length differs from tokenizer.ggml.tokens");
     for (size_t i = 0; i < n; ++i) t->types_[i] = static_cast<TokenType>((*types)[i]);
   }
   auto merges = f.GetStringArray("tokenizer.ggml.merges");
@@ -176,7 +194,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   for (size_t i = 0; i < merges->size(); ++i) {
     const std::string_view m = (*merges)[i];
     if (m.find(' ', 1) == std::string_view::npos) {
-      return absl::InvalidArgumentError(StrCat("tokenizer.ggml.merges: entry ", i, " has no separating space"));
+      return absl::InvalidArgumentError(
+          StrCat("tokenizer.ggml.merges: entry ", i, " has no separating space"));
     }
     t->merge_rank_.emplace(std::string(m), static_cast<int32_t>(i));
   }
@@ -184,7 +203,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     if (!f.Find(key)) return dflt;
     auto v = f.GetUint(key);
     if (!v.ok()) return v.status();
-    if (*v >= n) return absl::InvalidArgumentError(StrCat(key, " = ", *v, " is outside the vocabulary"));
+    if (*v >= n)
+      return absl::InvalidArgumentError(StrCat(key, " = ", *v, " is outside the vocabulary"));
     return static_cast<TokenId>(*v);
   };
   auto bos = id_or("tokenizer.ggml.bos_token_id", -1);
@@ -365,7 +385,8 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool parse_special
 std::string Tokenizer::TokenBytes(TokenId id, bool special) const {
   if (id < 0 || id >= vocab_size()) return {};
   const TokenType ty = types_[id];
-  if (ty == TokenType::kControl || ty == TokenType::kUnknown) return special ? tokens_[id] : std::string();
+  if (ty == TokenType::kControl || ty == TokenType::kUnknown)
+    return special ? tokens_[id] : std::string();
   if (ty == TokenType::kUserDefined) return tokens_[id];
   const ByteMap& bm = Bytes();
   const std::string& s = tokens_[id];

@@ -22,7 +22,13 @@ namespace kvmesh::model {
 using TokenId = int32_t;
 
 enum class TokenType : int32_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
 };
 
 class Tokenizer {
@@ -58,7 +64,7 @@ class Tokenizer {
   std::vector<TokenType> types_;
   std::unordered_map<std::string, TokenId> token_to_id_;
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
-  std::vector<TokenId> special_;  // sorted by text length, longest first
+  std::vector<TokenId> special_;                         // sorted by text length, longest first
   std::vector<TokenId> eog_;
   bool split_digits_ = false;
   TokenId bos_ = -1, eos_ = -1;

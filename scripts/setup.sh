@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 BUILD_DIR="${BUILD_DIR:-build}"
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates clang-format
   clang libclang-rt-14-dev                       # libFuzzer targets
   libabsl-dev libicu-dev nlohmann-json3-dev      # status types, Unicode classes, JSON
   libgtest-dev libgmock-dev libbenchmark-dev     # tests and micro-benchmarks

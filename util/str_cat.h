@@ -22,8 +22,8 @@ inline void AppendOne(std::string& out, char c) { out.push_back(c); }
 inline void AppendOne(std::string& out, absl::string_view s) { out.append(s.data(), s.size()); }
 #endif
 template <typename T>
-  requires std::is_arithmetic_v<T> && (!std::is_same_v<T, char>)
-inline void AppendOne(std::string& out, T v) {
+requires std::is_arithmetic_v<T> &&
+    (!std::is_same_v<T, char>)inline void AppendOne(std::string& out, T v) {
   if constexpr (std::is_same_v<T, bool>) {
     out.append(v ? "true" : "false");
   } else if constexpr (std::is_floating_point_v<T>) {

@@ -21,14 +21,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   if (!tok.ok()) return tok.status();
   e->tokenizer_ = std::move(*tok);
   if (e->tokenizer_->vocab_size() != e->model_->config().n_vocab) {
-    return absl::InvalidArgumentError(StrCat("model: tokenizer has ", e->tokenizer_->vocab_size(), " tokens but token_embd.weight has ", e->model_->config().n_vocab, " rows"));
+    return absl::InvalidArgumentError(StrCat("model: tokenizer has ", e->tokenizer_->vocab_size(),
+                                             " tokens but token_embd.weight has ",
+                                             e->model_->config().n_vocab, " rows"));
   }
   if (auto ct = model::ChatTemplate::FromGguf(e->model_->gguf()); ct.ok()) e->chat_ = *ct;
   const int64_t train_ctx = e->model_->config().n_ctx_train;
   if (opts.ctx_size < 0) return absl::InvalidArgumentError("ctx_size must be >= 0");
   e->ctx_size_ = opts.ctx_size == 0 ? train_ctx : std::min(opts.ctx_size, train_ctx);
   if (opts.threads < 0) return absl::InvalidArgumentError("threads must be >= 0");
-  e->pool_ = std::make_unique<kernels::ThreadPool>(opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
+  e->pool_ = std::make_unique<kernels::ThreadPool>(
+      opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
   e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_);
   return e;
 }
@@ -42,7 +45,8 @@ absl::StatusOr<std::vector<int32_t>> Engine::ChatPrompt(const std::string& user_
 absl::Status Engine::CheckPrompt(const std::vector<int32_t>& prompt) const {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (static_cast<int64_t>(prompt.size()) >= ctx_size_) {
-    return absl::InvalidArgumentError(StrCat("prompt is ", prompt.size(), " tokens, which does not fit the context size ", ctx_size_));
+    return absl::InvalidArgumentError(StrCat(
+        "prompt is ", prompt.size(), " tokens, which does not fit the context size ", ctx_size_));
   }
   return absl::OkStatus();
 }

@@ -24,8 +24,8 @@ namespace kvmesh::worker {
 
 struct EngineOptions {
   std::string model_path;
-  int threads = 0;          // 0: the CPUs this process may use
-  int64_t ctx_size = 0;     // 0: the model's training context
+  int threads = 0;       // 0: the CPUs this process may use
+  int64_t ctx_size = 0;  // 0: the model's training context
 };
 
 struct GenerateRequest {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "util/str_cat.h"
 #include "kernels/ops.h"
+#include "util/str_cat.h"
 
 namespace kvmesh::worker {
 
@@ -20,7 +20,8 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
   if (tokens.empty()) return absl::InvalidArgumentError("forward: no tokens");
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.n_vocab) {
-      return absl::InvalidArgumentError(StrCat("forward: token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", c.n_vocab, ")"));
+      return absl::InvalidArgumentError(StrCat("forward: token id ", tokens[i], " at index ", i,
+                                               " is outside the vocabulary [0, ", c.n_vocab, ")"));
     }
   }
   if (!logits.empty() && static_cast<int64_t>(logits.size()) != c.n_vocab) {
@@ -59,7 +60,8 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
 
   const auto& emb = model_.tok_embd();
   for (int64_t t = 0; t < n; ++t) {
-    kernels::DequantizeRow(emb.type, static_cast<const uint8_t*>(emb.data) + tokens[t] * emb.row_bytes,
+    kernels::DequantizeRow(emb.type,
+                           static_cast<const uint8_t*>(emb.data) + tokens[t] * emb.row_bytes,
                            x_.data() + t * E, E);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

@@ -1,5 +1,5 @@
-#include "util/str_cat.h"
 #include "comm/communicator.h"
+#include "util/str_cat.h"
 
 namespace kvmesh::comm {
 namespace {
@@ -10,7 +10,8 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
   absl::Status AllReduceSum(std::span<float>) override { return absl::OkStatus(); }
   absl::Status Broadcast(std::span<uint8_t>, int root) override {
-    if (root != 0) return absl::InvalidArgumentError(StrCat("broadcast root ", root, " outside a 1-rank group"));
+    if (root != 0)
+      return absl::InvalidArgumentError(StrCat("broadcast root ", root, " outside a 1-rank group"));
     return absl::OkStatus();
   }
   absl::Status Barrier() override { return absl::OkStatus(); }
@@ -18,6 +19,8 @@ class SelfCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> CreateSelfCommunicator() { return std::make_unique<SelfCommunicator>(); }
+std::unique_ptr<Communicator> CreateSelfCommunicator() {
+  return std::make_unique<SelfCommunicator>();
+}
 
 }  // namespace kvmesh::comm

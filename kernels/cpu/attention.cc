@@ -29,7 +29,7 @@ void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
       std::fill(o, o + d, 0.0f);
       const int64_t n_keys = a.pos0 + t + 1;
       float m = -std::numeric_limits<float>::infinity();  // running max
-      float l = 0.0f;                                      // running sum of exp(s - m)
+      float l = 0.0f;                                     // running sum of exp(s - m)
       for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyChunk) {
         const int64_t n = std::min(kKeyChunk, n_keys - j0);
         float cmax = m;

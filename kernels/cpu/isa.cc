@@ -3,16 +3,26 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace kvmesh::kernels {
 
 namespace {
 Isa Detect() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx2;
-  }
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::kScalar;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+             f16c = c & (1u << 29);
+  if (!(fma && osxsave && avx && f16c)) return Isa::kScalar;
+  // The OS must save the YMM registers (XCR0 bits 1 and 2).
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return Isa::kScalar;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
+  if (b & (1u << 5)) return Isa::kAvx2;
 #endif
   return Isa::kScalar;
 }

@@ -10,14 +10,22 @@ namespace kvmesh::kernels {
 
 std::optional<DTypeTraits> TraitsOf(uint32_t type_id) {
   switch (static_cast<DType>(type_id)) {
-    case DType::kF32: return DTypeTraits{"F32", 1, 4};
-    case DType::kF16: return DTypeTraits{"F16", 1, 2};
-    case DType::kBF16: return DTypeTraits{"BF16", 1, 2};
-    case DType::kQ4_0: return DTypeTraits{"Q4_0", kQK, sizeof(BlockQ4_0)};
-    case DType::kQ4_1: return DTypeTraits{"Q4_1", kQK, sizeof(BlockQ4_1)};
-    case DType::kQ8_0: return DTypeTraits{"Q8_0", kQK, sizeof(BlockQ8_0)};
-    case DType::kQ4_K: return DTypeTraits{"Q4_K", kQKK, sizeof(BlockQ4_K)};
-    case DType::kQ6_K: return DTypeTraits{"Q6_K", kQKK, sizeof(BlockQ6_K)};
+    case DType::kF32:
+      return DTypeTraits{"F32", 1, 4};
+    case DType::kF16:
+      return DTypeTraits{"F16", 1, 2};
+    case DType::kBF16:
+      return DTypeTraits{"BF16", 1, 2};
+    case DType::kQ4_0:
+      return DTypeTraits{"Q4_0", kQK, sizeof(BlockQ4_0)};
+    case DType::kQ4_1:
+      return DTypeTraits{"Q4_1", kQK, sizeof(BlockQ4_1)};
+    case DType::kQ8_0:
+      return DTypeTraits{"Q8_0", kQK, sizeof(BlockQ8_0)};
+    case DType::kQ4_K:
+      return DTypeTraits{"Q4_K", kQKK, sizeof(BlockQ4_K)};
+    case DType::kQ6_K:
+      return DTypeTraits{"Q6_K", kQKK, sizeof(BlockQ6_K)};
   }
   return std::nullopt;
 }
@@ -134,11 +142,16 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(h[i]);
       return;
     }
-    case DType::kQ4_0: return DequantQ4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
-    case DType::kQ4_1: return DequantQ4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
-    case DType::kQ8_0: return DequantQ8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
-    case DType::kQ4_K: return DequantQ4_K(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
-    case DType::kQ6_K: return DequantQ6_K(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
+    case DType::kQ4_0:
+      return DequantQ4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+    case DType::kQ4_1:
+      return DequantQ4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+    case DType::kQ8_0:
+      return DequantQ8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+    case DType::kQ4_K:
+      return DequantQ4_K(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+    case DType::kQ6_K:
+      return DequantQ6_K(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
   }
   assert(false && "unsupported dtype");
 }

@@ -55,11 +55,14 @@ void ExpectOneLineError(const std::vector<std::string>& args, const std::string&
 TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"frobnicate"}, "unknown command 'frobnicate'");
   ExpectOneLineError({"run"}, "--prompt is required");
-  ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"}, "--temperature must be a number in [0, 100]");
-  ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", "abc"}, "--max-tokens must be an integer");
+  ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"},
+                     "--temperature must be a number in [0, 100]");
+  ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", "abc"},
+                     "--max-tokens must be an integer");
   ExpectOneLineError({"run", "--prompt", "x", "--top-p", "2"}, "--top-p must be a number");
   ExpectOneLineError({"run", "--prompt", "x", "--threads", "-3"}, "--threads must be an integer");
-  ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"}, "--seed must be a non-negative integer");
+  ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"},
+                     "--seed must be a non-negative integer");
   ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
   ExpectOneLineError({"run", "--prompt"}, "flag --prompt needs a value");
   ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
@@ -68,7 +71,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
 }
 
 TEST(Cli, BadModelFiles) {
-  ExpectOneLineError({"run", "--model", "/nonexistent/m.gguf", "--prompt", "x"}, "cannot open model file '/nonexistent/m.gguf'");
+  ExpectOneLineError({"run", "--model", "/nonexistent/m.gguf", "--prompt", "x"},
+                     "cannot open model file '/nonexistent/m.gguf'");
   const std::string text = WriteTemp("text.gguf", "just some text, definitely not a model\n");
   ExpectOneLineError({"run", "--model", text, "--prompt", "x"}, "not a GGUF file");
   testing::GgufBuilder gpt2;
@@ -76,13 +80,15 @@ TEST(Cli, BadModelFiles) {
   ExpectOneLineError({"run", "--model", WriteTemp("gpt2.gguf", gpt2.Build()), "--prompt", "x"},
                      "unsupported architecture 'gpt2'");
   testing::GgufBuilder q5;
-  q5.Str("general.architecture", "llama").Tensor("token_embd.weight", {32, 4}, 6, std::string(88, '\0'));
+  q5.Str("general.architecture", "llama")
+      .Tensor("token_embd.weight", {32, 4}, 6, std::string(88, '\0'));
   ExpectOneLineError({"run", "--model", WriteTemp("q5.gguf", q5.Build()), "--prompt", "x"},
                      "tensor 'token_embd.weight': unsupported tensor type Q5_0");
   testing::GgufBuilder missing;
   missing.Str("general.architecture", "llama").U32("llama.block_count", 1);
-  ExpectOneLineError({"run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"},
-                     "missing key 'llama.embedding_length'");
+  ExpectOneLineError(
+      {"run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"},
+      "missing key 'llama.embedding_length'");
 }
 
 TEST(Cli, PromptLongerThanContext) {
@@ -94,8 +100,8 @@ TEST(Cli, PromptLongerThanContext) {
 
 TEST(Cli, RealModelCommands) {
   KVMESH_REQUIRE_MODEL(model);
-  const Result chat = Kvmesh({"run", "--model", model, "--chat", "--prompt", "What is the capital of France?",
-                              "--temperature", "0"});
+  const Result chat = Kvmesh({"run", "--model", model, "--chat", "--prompt",
+                              "What is the capital of France?", "--temperature", "0"});
   ASSERT_EQ(chat.code, 0) << chat.err;
   EXPECT_EQ(chat.out, "The capital of France is Paris.\n");
 
@@ -108,14 +114,16 @@ TEST(Cli, RealModelCommands) {
   EXPECT_TRUE(j.at("isa") == "avx2" || j.at("isa") == "scalar");
   EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
   EXPECT_EQ(Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
-                    "--temperature", "0.7", "--seed", "3", "--json"}).out.substr(0, 40),
+                    "--temperature", "0.7", "--seed", "3", "--json"})
+                .out.substr(0, 40),
             js.out.substr(0, 40));  // same seed, same text
 
   const Result tok = Kvmesh({"tokenize", "--model", model, "--text", "Hello world 42<|im_end|>"});
   ASSERT_EQ(tok.code, 0) << tok.err;
   EXPECT_EQ(tok.out, "[19556,905,216,36,34,2]\n");
 
-  const Result lg = Kvmesh({"logits", "--model", model, "--prompt", "The capital of France is", "--top-k", "5"});
+  const Result lg =
+      Kvmesh({"logits", "--model", model, "--prompt", "The capital of France is", "--top-k", "5"});
   ASSERT_EQ(lg.code, 0) << lg.err;
   const auto l = nlohmann::json::parse(lg.out);
   ASSERT_EQ(l.size(), 5u);

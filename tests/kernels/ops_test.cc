@@ -49,11 +49,23 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t
     for (int64_t b = 0; b < cols / tr.block_elems; ++b) {
       uint8_t* blk = row + b * tr.block_bytes;
       switch (t) {
-        case DType::kQ4_0: case DType::kQ8_0: set_h(blk, sc(rng)); break;
-        case DType::kQ4_1: set_h(blk, sc(rng)); set_h(blk + 2, -8 * sc(rng)); break;
-        case DType::kQ4_K: set_h(blk, sc(rng) / 10); set_h(blk + 2, sc(rng) / 10); break;
-        case DType::kQ6_K: set_h(blk + 208, sc(rng) / 10); break;
-        default: break;
+        case DType::kQ4_0:
+        case DType::kQ8_0:
+          set_h(blk, sc(rng));
+          break;
+        case DType::kQ4_1:
+          set_h(blk, sc(rng));
+          set_h(blk + 2, -8 * sc(rng));
+          break;
+        case DType::kQ4_K:
+          set_h(blk, sc(rng) / 10);
+          set_h(blk + 2, sc(rng) / 10);
+          break;
+        case DType::kQ6_K:
+          set_h(blk + 208, sc(rng) / 10);
+          break;
+        default:
+          break;
       }
     }
     if (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) {
@@ -97,7 +109,8 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
   for (const MatMulCase& c : cases) {
     const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
     const auto x = Randn(c.tokens * c.cols, 11 + c.tokens);
-    WeightMatrix wm{c.type, w.data(), c.rows, c.cols, static_cast<size_t>(RowBytes(c.type, c.cols))};
+    WeightMatrix wm{c.type, w.data(), c.rows, c.cols,
+                    static_cast<size_t>(RowBytes(c.type, c.cols))};
     // Reference: dequantise each row, double-precision dot products.
     std::vector<double> ref(c.tokens * c.rows);
     std::vector<float> row(c.cols);
@@ -111,8 +124,8 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
     }
     std::vector<float> out(c.tokens * c.rows, 12345.0f);
     MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
-    EXPECT_LT(RelL2(out, ref), 2e-4) << TraitsOf(c.type).name << " " << c.rows << "x" << c.cols
-                                     << " tokens=" << c.tokens;
+    EXPECT_LT(RelL2(out, ref), 2e-4)
+        << TraitsOf(c.type).name << " " << c.rows << "x" << c.cols << " tokens=" << c.tokens;
     // A row range writes only its rows.
     std::vector<float> part(c.tokens * c.rows, 7.0f);
     MatMulCpu({wm, x.data(), part.data(), c.tokens, c.rows, 1, c.rows - 1}, pool);
@@ -126,7 +139,9 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
 
 TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
   ThreadPool pool(2);
-  struct Case { int64_t tokens, n_heads, n_kv, hd, pos0; };
+  struct Case {
+    int64_t tokens, n_heads, n_kv, hd, pos0;
+  };
   for (const Case c : {Case{1, 9, 3, 64, 0}, Case{1, 9, 3, 64, 150}, Case{7, 4, 2, 24, 0},
                        Case{5, 6, 6, 17, 70}, Case{3, 3, 1, 8, 1}}) {
     const int64_t n_pos = c.pos0 + c.tokens;
@@ -160,7 +175,8 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
         for (auto& e : s) z += (e = std::exp(e - mx));
         for (int64_t i = 0; i < c.hd; ++i) {
           double o = 0;
-          for (int64_t j = 0; j < n; ++j) o += s[j] / z * Fp16ToFloat(v[j * stride + kvh * c.hd + i]);
+          for (int64_t j = 0; j < n; ++j)
+            o += s[j] / z * Fp16ToFloat(v[j * stride + kvh * c.hd + i]);
           ref[(t * c.n_heads + h) * c.hd + i] = o;
         }
       }
@@ -169,7 +185,8 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
     AttentionCpu({q.data(), k.data(), v.data(), out.data(), c.tokens, c.n_heads, c.n_kv, c.hd,
                   stride, c.pos0, scale},
                  pool);
-    EXPECT_LT(RelL2(out, ref), 1e-5) << "tokens=" << c.tokens << " pos0=" << c.pos0 << " hd=" << c.hd;
+    EXPECT_LT(RelL2(out, ref), 1e-5)
+        << "tokens=" << c.tokens << " pos0=" << c.pos0 << " hd=" << c.hd;
   }
 }
 

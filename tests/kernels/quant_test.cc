@@ -58,7 +58,7 @@ TEST(Fp16, RoundsToNearestEven) {
   // Halves near 1 are 1/1024 apart.
   EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 1.0f / 2048)), 1.0f);               // tie -> even (down)
   EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 3.0f / 2048)), 1.0f + 1.0f / 512);  // tie -> even (up)
-  EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 3.0f / 4096)), 1.0f + 1.0f / 1024); // nearest
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 3.0f / 4096)), 1.0f + 1.0f / 1024);  // nearest
   EXPECT_TRUE(std::isinf(Fp16ToFloat(FloatToFp16(70000.0f))));
   EXPECT_EQ(Fp16ToFloat(FloatToFp16(1e-8f)), 0.0f);
   EXPECT_EQ(Fp16ToFloat(FloatToFp16(6e-8f)), std::ldexp(1.0f, -24));  // smallest subnormal

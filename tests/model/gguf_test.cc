@@ -92,7 +92,9 @@ TEST(Gguf, AcceptsVersion2) {
   EXPECT_TRUE(Parse(b.Build()).ok());
 }
 
-TEST(Gguf, RejectsBadMagic) { ExpectError(Patch(Valid().Build(), 0, uint32_t{0x12345678}), "bad magic"); }
+TEST(Gguf, RejectsBadMagic) {
+  ExpectError(Patch(Valid().Build(), 0, uint32_t{0x12345678}), "bad magic");
+}
 
 TEST(Gguf, RejectsVersion1And99) {
   ExpectError(Patch(Valid().Build(), 4, uint32_t{1}), "unsupported version 1");
@@ -194,7 +196,8 @@ TEST(Gguf, RejectsUnknownTensorType) {
 TEST(Gguf, RejectsRowNotWholeBlocks) {
   GgufBuilder b;
   b.Tensor("q", {33, 2}, 2, std::string(64, '\0'));  // Q4_0 blocks are 32 wide
-  ExpectError(b.Build(), "tensor 'q': row of 33 elements is not a multiple of the Q4_0 block size 32");
+  ExpectError(b.Build(),
+              "tensor 'q': row of 33 elements is not a multiple of the Q4_0 block size 32");
 }
 
 TEST(Gguf, RejectsDuplicateTensorName) {

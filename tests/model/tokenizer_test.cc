@@ -28,7 +28,8 @@ class RealTokenizer : public ::testing::Test {
 
 // tokenizer_cases.json: >= 300 strings with llama.cpp's ids (make_tokenizer_fixture.py).
 TEST_F(RealTokenizer, MatchesLlamaCppOnFixture) {
-  const auto j = nlohmann::json::parse(testing::ReadFile(testing::FixturePath("tokenizer_cases.json")));
+  const auto j =
+      nlohmann::json::parse(testing::ReadFile(testing::FixturePath("tokenizer_cases.json")));
   const auto& cases = j.at("cases");
   ASSERT_GE(cases.size(), 300u);
   int checked = 0;
@@ -65,13 +66,17 @@ TEST_F(RealTokenizer, RoundTripsInvalidUtf8Sequences) {
   EXPECT_EQ(tok_->Decode(tok_->Encode(bytes, false)), bytes);
   // Bytes that never occur in UTF-8 (0xF5..0xFF) have no token in SmolLM2's vocabulary; they
   // are dropped (as by llama.cpp) rather than mapped to some other token.
-  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xff" "b", false)), "ab");
+  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xff"
+                                      "b",
+                                      false)),
+            "ab");
 }
 
 TEST_F(RealTokenizer, ChatTemplateInsertsDefaultSystemMessage) {
   auto ct = ChatTemplate::FromGguf(*gguf_);
   ASSERT_TRUE(ct.ok()) << ct.status();
-  EXPECT_EQ(ct->default_system(), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  EXPECT_EQ(ct->default_system(),
+            "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   EXPECT_EQ(ct->Render({{"user", "Hi"}}, true),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
             "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
@@ -87,7 +92,8 @@ TEST(Tokenizer, RejectsUnsupportedTokenizerModels) {
   ASSERT_TRUE(f.ok());
   auto t = Tokenizer::FromGguf(**f);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.model 'llama'"), std::string::npos);
+  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.model 'llama'"),
+            std::string::npos);
 }
 
 TEST(Tokenizer, RejectsOutOfRangeSpecialIds) {

@@ -34,11 +34,11 @@ inline std::string RealModelPath() {
   return f.good() ? p : std::string();
 }
 
-#define KVMESH_REQUIRE_MODEL(path)                                                    \
-  const std::string path = ::kvmesh::testing::RealModelPath();                        \
-  if (path.empty()) {                                                                 \
-    GTEST_SKIP() << "SmolLM2 model not found: run scripts/model_pull.sh (or set "     \
-                    "KVMESH_MODEL) to run this test";                                 \
+#define KVMESH_REQUIRE_MODEL(path)                                                \
+  const std::string path = ::kvmesh::testing::RealModelPath();                    \
+  if (path.empty()) {                                                             \
+    GTEST_SKIP() << "SmolLM2 model not found: run scripts/model_pull.sh (or set " \
+                    "KVMESH_MODEL) to run this test";                             \
   }
 
 }  // namespace kvmesh::testing

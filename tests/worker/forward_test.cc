@@ -125,10 +125,14 @@ TEST_F(RealModel, MatchesExactAndLlamaCppReferences) {
     }
     const auto lc_greedy = lc.at("greedy").get<std::vector<int32_t>>();
     size_t lc_same = 0;
-    while (lc_same < std::min(lc_greedy.size(), r->tokens.size()) && lc_greedy[lc_same] == r->tokens[lc_same]) ++lc_same;
-    std::printf("  %-15s %4zu tokens  rel-L2 vs exact %.2e  vs llama.cpp top-20 %.2e  greedy: %zu/%zu exact, "
-                "%zu leading tokens as llama.cpp\n",
-                name.c_str(), ids.size(), rel, lc_rel, same, r->tokens.size(), lc_same);
+    while (lc_same < std::min(lc_greedy.size(), r->tokens.size()) &&
+           lc_greedy[lc_same] == r->tokens[lc_same])
+      ++lc_same;
+    std::printf(
+        "  %-15s %4zu tokens  rel-L2 vs exact %.2e  vs llama.cpp top-20 %.2e  greedy: %zu/%zu "
+        "exact, "
+        "%zu leading tokens as llama.cpp\n",
+        name.c_str(), ids.size(), rel, lc_rel, same, r->tokens.size(), lc_same);
   }
   EXPECT_TRUE(saw_long);
   EXPECT_TRUE(saw_chat);
@@ -139,7 +143,8 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   const auto& c = m.config();
   const auto ids = engine_->tokenizer().Encode(
       "KV caches let decoding reuse the keys and values of earlier tokens, so each step only "
-      "computes one new position.", false);
+      "computes one new position.",
+      false);
   ASSERT_GT(ids.size(), 12u);
   kernels::ThreadPool pool(2);
   auto logits_of = [&](int64_t max_batch, size_t split) {
@@ -157,9 +162,11 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, 256);
   std::vector<float> whole(c.n_vocab);
   ASSERT_TRUE(fwd.Forward(ids, cache, whole).ok());
-  for (auto [mb, split] : {std::pair<int64_t, size_t>{512, ids.size() - 5}, {7, ids.size() - 1}, {1, 1}}) {
+  for (auto [mb, split] :
+       {std::pair<int64_t, size_t>{512, ids.size() - 5}, {7, ids.size() - 1}, {1, 1}}) {
     const auto inc = logits_of(mb, split);
-    EXPECT_LT(RelL2(inc.data(), whole.data(), whole.size()), 1e-4) << "max_batch=" << mb << " split=" << split;
+    EXPECT_LT(RelL2(inc.data(), whole.data(), whole.size()), 1e-4)
+        << "max_batch=" << mb << " split=" << split;
   }
 }
 

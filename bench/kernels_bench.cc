@@ -1,0 +1,70 @@
+// Google Benchmark micro-benchmarks of the CPU kernels at SmolLM2-135M shapes, reporting bytes/s
+// of weights streamed and FLOP/s. Run: build/bin/kernels_bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/fp16.h"
+#include "kernels/isa.h"
+#include "kernels/ops.h"
+
+namespace kvmesh::kernels {
+namespace {
+
+std::vector<uint8_t> Q4_1Weights(int64_t rows, int64_t cols) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> w(rows * RowBytes(DType::kQ4_1, cols));
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  auto* blk = reinterpret_cast<BlockQ4_1*>(w.data());
+  for (size_t i = 0; i < w.size() / sizeof(BlockQ4_1); ++i) {
+    blk[i].d = FloatToFp16(0.01f);
+    blk[i].m = FloatToFp16(-0.08f);
+  }
+  return w;
+}
+
+// args: rows, cols, tokens, threads
+void BM_MatMulQ4_1(benchmark::State& st) {
+  const int64_t rows = st.range(0), cols = st.range(1), tokens = st.range(2);
+  ThreadPool pool(static_cast<int>(st.range(3)));
+  const auto w = Q4_1Weights(rows, cols);
+  std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
+  const WeightMatrix wm{DType::kQ4_1, w.data(), rows, cols,
+                        static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
+  for (auto _ : st) {
+    MatMulCpu({wm, x.data(), out.data(), tokens, rows}, pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(w.size()));
+  st.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * rows * cols * tokens * st.iterations(), benchmark::Counter::kIsRate);
+  st.SetLabel(std::string(IsaName(ActiveIsa())));
+}
+BENCHMARK(BM_MatMulQ4_1)
+    ->Args({1536, 576, 1, 1})
+    ->Args({1536, 576, 1, 2})
+    ->Args({576, 1536, 1, 2})
+    ->Args({1536, 576, 64, 2})
+    ->UseRealTime();
+
+// args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.
+void BM_AttentionDecode(benchmark::State& st) {
+  const int64_t ctx = st.range(0), H = 9, KV = 3, hd = 64;
+  ThreadPool pool(static_cast<int>(st.range(1)));
+  std::vector<uint16_t> k(ctx * KV * hd, FloatToFp16(0.1f)), v(k.size(), FloatToFp16(0.2f));
+  std::vector<float> q(H * hd, 0.3f), out(H * hd);
+  for (auto _ : st) {
+    AttentionCpu({q.data(), k.data(), v.data(), out.data(), 1, H, KV, hd, KV * hd, ctx - 1, 0.125f},
+                 pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(2 * k.size() * sizeof(uint16_t)));
+}
+BENCHMARK(BM_AttentionDecode)->Args({512, 2})->Args({4096, 2})->UseRealTime();
+
+}  // namespace
+}  // namespace kvmesh::kernels
+
+BENCHMARK_MAIN();
