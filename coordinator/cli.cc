@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/llama_bench.h"
 #include "coordinator/flags.h"
 #include "kernels/isa.h"
 #include "util/str_cat.h"
@@ -32,6 +33,8 @@ constexpr char kUsage[] =
     "            [--ctx-size N] [--json]\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
     "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N]\n"
+    "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
+    "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
     "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
 
 int Fail(const absl::Status& s) {
@@ -180,6 +183,64 @@ int Logits(int argc, char** argv) {
   return 0;
 }
 
+absl::StatusOr<std::vector<int>> IntList(const Flags& f, const std::string& name,
+                                         std::vector<int> dflt, int lo, int hi) {
+  if (!f.Has(name)) return dflt;
+  std::vector<int> out;
+  const std::string s = f.String(name, "");
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    const std::string item = s.substr(b, e - b);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < lo || v > hi) {
+      return absl::InvalidArgumentError(StrCat("-", name,
+                                               " must be a comma-separated list of integers in [",
+                                               lo, ", ", hi, "], got '", s, "'"));
+    }
+    out.push_back(static_cast<int>(v));
+    b = e + 1;
+  }
+  return out;
+}
+
+int Bench(int argc, char** argv) {
+  // llama-bench spells its flags with one dash; accept both.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 2; i < args.size(); ++i) {
+    if (args[i] == "-p" || args[i] == "-n" || args[i] == "-t" || args[i] == "-d" ||
+        args[i] == "-r") {
+      args[i] = "-" + args[i];
+    }
+  }
+  std::vector<char*> ptrs;
+  for (auto& a : args) ptrs.push_back(a.data());
+  auto f = Flags::Parse(static_cast<int>(ptrs.size()), ptrs.data(), 2,
+                        {"model", "p", "n", "t", "d", "r"}, {"json", "no-bandwidth"});
+  if (!f.ok()) return Fail(f.status());
+  bench::BenchOptions o;
+  o.model_path = ModelPath(*f);
+  auto p = IntList(*f, "p", {512}, 0, 1 << 20);
+  auto n = IntList(*f, "n", {128}, 0, 1 << 20);
+  auto t = IntList(*f, "t", {kernels::ThreadPool::AvailableCpus()}, 1, 1024);
+  auto d = IntList(*f, "d", {0}, 0, 1 << 24);
+  auto r = f->Int("r", 5, 1, 1000);
+  for (const absl::Status& s : {p.status(), n.status(), t.status(), d.status(), r.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  o.n_prompt = *p;
+  o.n_gen = *n;
+  o.threads = *t;
+  o.depth = *d;
+  o.reps = static_cast<int>(*r);
+  o.json = f->Has("json");
+  o.bandwidth = !f->Has("no-bandwidth");
+  auto res = bench::RunBench(o);
+  if (!res.ok()) return Fail(res.status());
+  return 0;
+}
+
 int ModelCmd(int argc, char** argv) {
   if (argc < 3 || std::string(argv[2]) != "pull") {
     return Fail(absl::InvalidArgumentError("model: the only subcommand is `kvmesh model pull`"));
@@ -204,6 +265,7 @@ int CliMain(int argc, char** argv) {
   if (cmd == "tokenize") return Tokenize(argc, argv);
   if (cmd == "logits") return Logits(argc, argv);
   if (cmd == "model") return ModelCmd(argc, argv);
+  if (cmd == "bench") return Bench(argc, argv);
   std::cerr << "kvmesh: error: unknown command '" << cmd << "' (run `kvmesh help` for usage)\n";
   return 2;
 }
