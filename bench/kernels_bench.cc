@@ -8,6 +8,7 @@
 
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 
 namespace kvmesh::kernels {

@@ -1,12 +1,13 @@
 // Instruction-set selection for the CPU kernels: detected once from CPUID, overridable with the
-// environment variable KVMESH_ISA=scalar|avx2 (or SetIsa, for tests).
+// environment variable KVMESH_ISA=scalar|avx2|avx512 (a level the CPU lacks is ignored), or
+// SetIsa for tests. avx2 means AVX2+FMA+F16C; avx512 adds AVX-512 F/BW/VL/VNNI.
 #pragma once
 
 #include <string_view>
 
 namespace kvmesh::kernels {
 
-enum class Isa { kScalar, kAvx2 };
+enum class Isa { kScalar, kAvx2, kAvx512 };
 
 // The ISA kernels use now. The first call detects it (and reads KVMESH_ISA).
 Isa ActiveIsa();

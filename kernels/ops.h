@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/quant.h"
 #include "kernels/thread_pool.h"
 
 namespace kvmesh::kernels {
@@ -33,28 +32,6 @@ struct RopeArgs {
   float theta_base = 10000.0f;
 };
 void RopeCpu(const RopeArgs& a);
-
-// A row-major weight matrix [rows, cols] stored in `type`, each row row_bytes long.
-struct WeightMatrix {
-  DType type = DType::kF32;
-  const void* data = nullptr;
-  int64_t rows = 0, cols = 0;
-  size_t row_bytes = 0;
-};
-
-// out[t, r] = sum_k w[r, k] * x[t, k] for r in [row_begin, row_end).
-// x: [tokens, w.cols] fp32; out: [tokens, ldo] (column r of row t at out[t * ldo + r]).
-// Q4_0/Q4_1/Q8_0 weights use integer dot products against activations quantised per 32-block
-// to 16 bits (BlockA16); other types are dequantised and use fp32 dot products.
-struct MatMulArgs {
-  WeightMatrix w;
-  const float* x;
-  float* out;
-  int64_t tokens;
-  int64_t ldo;
-  int64_t row_begin = 0, row_end = -1;  // -1: all rows
-};
-void MatMulCpu(const MatMulArgs& a, ThreadPool& pool);
 
 // Causal grouped-query attention over an fp16 KV cache, flash style (online softmax, no score
 // matrix). q: [tokens, n_heads, head_dim]; out: same shape. K and V of kv head h, position p

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/ops.h"
+#include "kernels/matmul.h"
 #include "model/gguf.h"
 
 namespace kvmesh::model {

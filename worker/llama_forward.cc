@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "util/str_cat.h"
 
@@ -68,9 +69,10 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const model::LlamaLayer& L = model_.layer(l);
     kernels::RmsNormCpu({x_.data(), L.attn_norm, xn_.data(), n, E, c.rms_eps});
-    kernels::MatMulCpu(MatMulArgs{L.wq, xn_.data(), q_.data(), n, H * hd}, pool_);
-    kernels::MatMulCpu(MatMulArgs{L.wk, xn_.data(), k_.data(), n, KV * hd}, pool_);
-    kernels::MatMulCpu(MatMulArgs{L.wv, xn_.data(), v_.data(), n, KV * hd}, pool_);
+    const MatMulArgs qkv[] = {{L.wq, xn_.data(), q_.data(), n, H * hd},
+                              {L.wk, xn_.data(), k_.data(), n, KV * hd},
+                              {L.wv, xn_.data(), v_.data(), n, KV * hd}};
+    kernels::MatMulManyCpu(qkv, pool_);
     kernels::RopeCpu({q_.data(), pos_.data(), n, H, hd, c.rot_dim, c.rope_theta});
     kernels::RopeCpu({k_.data(), pos_.data(), n, KV, hd, c.rot_dim, c.rope_theta});
     // Append K/V at positions [pos0, pos0 + n): the cache rows are exactly [n, KV, hd].
@@ -83,8 +85,9 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
 
     kernels::RmsNormCpu({x_.data(), L.ffn_norm, xn_.data(), n, E, c.rms_eps});
-    kernels::MatMulCpu(MatMulArgs{L.w_gate, xn_.data(), gate_.data(), n, F}, pool_);
-    kernels::MatMulCpu(MatMulArgs{L.w_up, xn_.data(), up_.data(), n, F}, pool_);
+    const MatMulArgs gate_up[] = {{L.w_gate, xn_.data(), gate_.data(), n, F},
+                                  {L.w_up, xn_.data(), up_.data(), n, F}};
+    kernels::MatMulManyCpu(gate_up, pool_);
     kernels::SwiGluCpu(gate_.data(), up_.data(), gate_.data(), n * F);
     kernels::MatMulCpu(MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_);
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);

@@ -17,10 +17,17 @@ struct DotTable {
   float (*f32_f16)(const float* x, const uint16_t* y, int64_t n);
   // y[i] = y[i] * s + a * fp16(v[i])
   void (*scale_axpy_f16)(float* y, float s, float a, const uint16_t* v, int64_t n);
+  // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
+  // (w + r * w_stride bytes) and 4 tokens (a + t * a_stride blocks). Null where the ISA has
+  // no tiled kernel; callers then use the single dots.
+  using Tile4x4 = void (*)(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
+                           int64_t nb, float* out, int64_t ldo);
+  Tile4x4 q4_0_tile = nullptr, q4_1_tile = nullptr, q8_0_tile = nullptr;
 };
 
 const DotTable& ScalarDots();
 const DotTable& Avx2Dots();
+const DotTable& Avx512Dots();
 // The table of the active ISA.
 const DotTable& Dots();
 

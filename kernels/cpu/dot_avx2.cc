@@ -114,7 +114,12 @@ KVMESH_AVX2 void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int
 }  // namespace
 
 const DotTable& Avx2Dots() {
-  static const DotTable t{DotQ4_0A16, DotQ4_1A16, DotQ8_0A16, DotF32F32, DotF32F16, ScaleAxpyF16};
+  static const DotTable t{.q4_0_a16 = DotQ4_0A16,
+                          .q4_1_a16 = DotQ4_1A16,
+                          .q8_0_a16 = DotQ8_0A16,
+                          .f32_f32 = DotF32F32,
+                          .f32_f16 = DotF32F16,
+                          .scale_axpy_f16 = ScaleAxpyF16};
   return t;
 }
 

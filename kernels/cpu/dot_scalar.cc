@@ -63,10 +63,25 @@ void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
 }  // namespace
 
 const DotTable& ScalarDots() {
-  static const DotTable t{DotQ4_0A16, DotQ4_1A16, DotQ8_0A16, DotF32F32, DotF32F16, ScaleAxpyF16};
+  static const DotTable t{.q4_0_a16 = DotQ4_0A16,
+                          .q4_1_a16 = DotQ4_1A16,
+                          .q8_0_a16 = DotQ8_0A16,
+                          .f32_f32 = DotF32F32,
+                          .f32_f16 = DotF32F16,
+                          .scale_axpy_f16 = ScaleAxpyF16};
   return t;
 }
 
-const DotTable& Dots() { return ActiveIsa() == Isa::kAvx2 ? Avx2Dots() : ScalarDots(); }
+const DotTable& Dots() {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return Avx512Dots();
+    case Isa::kAvx2:
+      return Avx2Dots();
+    case Isa::kScalar:
+      break;
+  }
+  return ScalarDots();
+}
 
 }  // namespace kvmesh::kernels::cpu

@@ -22,15 +22,24 @@ Isa Detect() {
   __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
   if ((xcr0_lo & 6u) != 6u) return Isa::kScalar;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
-  if (b & (1u << 5)) return Isa::kAvx2;
+  if (!(b & (1u << 5))) return Isa::kScalar;
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31)) &&  // F BW VL
+                      (c & (1u << 11));                                            // VNNI
+  // ... and the OS must save the opmask and ZMM state (XCR0 bits 5..7).
+  if (avx512 && (xcr0_lo & 0xE0u) == 0xE0u) return Isa::kAvx512;
+  return Isa::kAvx2;
 #endif
   return Isa::kScalar;
 }
 
+int Level(Isa i) { return static_cast<int>(i); }
+
 Isa Initial() {
   const Isa best = Detect();
   if (const char* env = std::getenv("KVMESH_ISA")) {
-    if (std::strcmp(env, "scalar") == 0) return Isa::kScalar;
+    for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (IsaName(i) == env && Level(i) <= Level(best)) return i;
+    }
   }
   return best;
 }
@@ -42,11 +51,21 @@ Isa DetectedIsa() { return Detect(); }
 Isa ActiveIsa() { return g_isa; }
 
 bool SetIsa(Isa isa) {
-  if (isa == Isa::kAvx2 && Detect() != Isa::kAvx2) return false;
+  if (Level(isa) > Level(Detect())) return false;
   g_isa = isa;
   return true;
 }
 
-std::string_view IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kScalar:
+      break;
+  }
+  return "scalar";
+}
 
 }  // namespace kvmesh::kernels

@@ -1,104 +1,128 @@
+#include "kernels/matmul.h"
+
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "kernels/cpu/dot.h"
-#include "kernels/ops.h"
 
 namespace kvmesh::kernels {
 namespace {
 
 constexpr int64_t kRowTile = 16;  // weight rows kept hot in L1 while all tokens stream past
 
+bool IsIntegerPath(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0; }
+
 // Quantises the tokens' activations once (in parallel over tokens) into `buf`.
 const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols, ThreadPool& pool,
                                     std::vector<uint8_t>& buf) {
-  using Block = BlockA16;
   const int64_t nb = cols / kQK;
-  buf.resize(static_cast<size_t>(tokens * nb) * sizeof(Block));
-  auto* q = reinterpret_cast<Block*>(buf.data());
+  buf.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA16));
+  auto* q = reinterpret_cast<BlockA16*>(buf.data());
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) QuantizeRowA16(x + t * cols, q + t * nb, cols);
   });
   return q;
 }
 
-template <typename WBlock, typename ABlock, typename Dot>
-void QuantMatMul(const MatMulArgs& a, int64_t r_begin, int64_t r_end, const ABlock* xq, Dot dot,
-                 ThreadPool& pool) {
+// Rows [r0, r1) of one integer-path product against every token.
+template <typename WBlock, typename Dot>
+void QuantTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq, Dot dot,
+               cpu::DotTable::Tile4x4 tile4) {
   const int64_t nb = a.w.cols / kQK;
   const auto* base = static_cast<const uint8_t*>(a.w.data);
-  pool.ParallelFor(r_end - r_begin, kRowTile, [&](int64_t b, int64_t e) {
-    for (int64_t r0 = r_begin + b; r0 < r_begin + e; r0 += kRowTile) {
-      const int64_t r1 = std::min(r0 + kRowTile, r_begin + e);
-      for (int64_t t = 0; t < a.tokens; ++t) {
-        const ABlock* xt = xq + t * nb;
-        float* ot = a.out + t * a.ldo;
-        for (int64_t r = r0; r < r1; ++r) {
-          ot[r] = dot(reinterpret_cast<const WBlock*>(base + r * a.w.row_bytes), xt, nb);
+  int64_t r = r0;
+  if (tile4 != nullptr && a.tokens >= 4) {
+    for (; r + 4 <= r1; r += 4) {
+      int64_t t = 0;
+      for (; t + 4 <= a.tokens; t += 4) {
+        tile4(base + r * a.w.row_bytes, a.w.row_bytes, xq + t * nb, nb, nb, a.out + t * a.ldo + r,
+              a.ldo);
+      }
+      for (; t < a.tokens; ++t) {
+        for (int64_t rr = r; rr < r + 4; ++rr) {
+          a.out[t * a.ldo + rr] =
+              dot(reinterpret_cast<const WBlock*>(base + rr * a.w.row_bytes), xq + t * nb, nb);
         }
       }
     }
-  });
+  }
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const BlockA16* xt = xq + t * nb;
+    float* ot = a.out + t * a.ldo;
+    for (int64_t rr = r; rr < r1; ++rr) {
+      ot[rr] = dot(reinterpret_cast<const WBlock*>(base + rr * a.w.row_bytes), xt, nb);
+    }
+  }
 }
 
-// Types without an integer path: dequantise a tile of rows, then fp32 dot products.
-void FloatMatMul(const MatMulArgs& a, int64_t r_begin, int64_t r_end, ThreadPool& pool) {
+// Types without an integer path: dequantise the rows, then fp32 dot products.
+void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
   const auto& dots = cpu::Dots();
   const auto* base = static_cast<const uint8_t*>(a.w.data);
   const int64_t cols = a.w.cols;
-  pool.ParallelFor(r_end - r_begin, kRowTile, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> tile;
-    tile.resize(static_cast<size_t>(kRowTile * cols));
-    for (int64_t r0 = r_begin + b; r0 < r_begin + e; r0 += kRowTile) {
-      const int64_t r1 = std::min(r0 + kRowTile, r_begin + e);
-      for (int64_t r = r0; r < r1; ++r) {
-        if (a.w.type == DType::kF32) continue;
-        DequantizeRow(a.w.type, base + r * a.w.row_bytes, tile.data() + (r - r0) * cols, cols);
-      }
-      for (int64_t t = 0; t < a.tokens; ++t) {
-        const float* xt = a.x + t * cols;
-        float* ot = a.out + t * a.ldo;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* wr = a.w.type == DType::kF32
-                                ? reinterpret_cast<const float*>(base + r * a.w.row_bytes)
-                                : tile.data() + (r - r0) * cols;
-          ot[r] = dots.f32_f32(wr, xt, cols);
-        }
-      }
+  thread_local std::vector<float> tile;
+  tile.resize(static_cast<size_t>(kRowTile * cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    if (a.w.type == DType::kF32) continue;
+    DequantizeRow(a.w.type, base + r * a.w.row_bytes, tile.data() + (r - r0) * cols, cols);
+  }
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const float* xt = a.x + t * cols;
+    float* ot = a.out + t * a.ldo;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr = a.w.type == DType::kF32
+                            ? reinterpret_cast<const float*>(base + r * a.w.row_bytes)
+                            : tile.data() + (r - r0) * cols;
+      ot[r] = dots.f32_f32(wr, xt, cols);
     }
-  });
+  }
+}
+
+void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
+  const auto& d = cpu::Dots();
+  switch (a.w.type) {
+    case DType::kQ4_1:
+      return QuantTile<BlockQ4_1>(a, r0, r1, xq, d.q4_1_a16, d.q4_1_tile);
+    case DType::kQ4_0:
+      return QuantTile<BlockQ4_0>(a, r0, r1, xq, d.q4_0_a16, d.q4_0_tile);
+    case DType::kQ8_0:
+      return QuantTile<BlockQ8_0>(a, r0, r1, xq, d.q8_0_a16, d.q8_0_tile);
+    default:
+      return FloatTile(a, r0, r1);
+  }
 }
 
 }  // namespace
 
-void MatMulCpu(const MatMulArgs& a, ThreadPool& pool) {
-  const int64_t r_begin = a.row_begin;
-  const int64_t r_end = a.row_end < 0 ? a.w.rows : a.row_end;
-  if (a.tokens <= 0 || r_end <= r_begin) return;
-  const auto& dots = cpu::Dots();
-  thread_local std::vector<uint8_t> act;
-  static const bool f32_only = std::getenv("KVMESH_F32_ACT") != nullptr;
-  switch (f32_only ? DType::kF16 : a.w.type) {
-    case DType::kQ4_1: {
-      const BlockA16* xq = QuantizeActivations(a.x, a.tokens, a.w.cols, pool, act);
-      QuantMatMul<BlockQ4_1>(a, r_begin, r_end, xq, dots.q4_1_a16, pool);
-      return;
+void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool) {
+  if (mats.empty() || mats[0].tokens <= 0) return;
+  struct Tile {
+    int32_t m;
+    int64_t r0, r1;
+  };
+  // Per calling thread; the workers reach it through this reference (a lambda naming a
+  // thread_local directly would see the worker's own instance).
+  thread_local std::vector<Tile> tiles_storage;
+  std::vector<Tile>& tiles = tiles_storage;
+  tiles.clear();
+  bool quantised = false;
+  for (size_t m = 0; m < mats.size(); ++m) {
+    const MatMulArgs& a = mats[m];
+    const int64_t end = a.row_end < 0 ? a.w.rows : a.row_end;
+    for (int64_t r = a.row_begin; r < end; r += kRowTile) {
+      tiles.push_back({static_cast<int32_t>(m), r, std::min(r + kRowTile, end)});
     }
-    case DType::kQ4_0: {
-      const BlockA16* xq = QuantizeActivations(a.x, a.tokens, a.w.cols, pool, act);
-      QuantMatMul<BlockQ4_0>(a, r_begin, r_end, xq, dots.q4_0_a16, pool);
-      return;
-    }
-    case DType::kQ8_0: {
-      const BlockA16* xq = QuantizeActivations(a.x, a.tokens, a.w.cols, pool, act);
-      QuantMatMul<BlockQ8_0>(a, r_begin, r_end, xq, dots.q8_0_a16, pool);
-      return;
-    }
-    default:
-      FloatMatMul(a, r_begin, r_end, pool);
-      return;
+    quantised |= IsIntegerPath(a.w.type);
   }
+  thread_local std::vector<uint8_t> act;
+  const BlockA16* xq =
+      quantised ? QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, pool, act)
+                : nullptr;
+  pool.ParallelFor(static_cast<int64_t>(tiles.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) RunTile(mats[tiles[i].m], tiles[i].r0, tiles[i].r1, xq);
+  });
 }
+
+void MatMulCpu(const MatMulArgs& a, ThreadPool& pool) { MatMulManyCpu({&a, 1}, pool); }
 
 }  // namespace kvmesh::kernels

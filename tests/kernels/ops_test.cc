@@ -10,6 +10,7 @@
 
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
+#include "kernels/matmul.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -103,6 +104,7 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
   const MatMulCase cases[] = {
       {DType::kQ4_0, 37, 96, 1},  {DType::kQ4_0, 16, 576, 5},  {DType::kQ4_1, 41, 64, 3},
       {DType::kQ4_1, 17, 576, 1}, {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
+      {DType::kQ4_1, 37, 96, 9},  {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
       {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
       {DType::kF16, 7, 40, 3},    {DType::kBF16, 11, 24, 2},   {DType::kF32, 19, 33, 5},
   };
@@ -135,6 +137,28 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
       if (c.rows > 2) EXPECT_NEAR(part[t * c.rows + 1], out[t * c.rows + 1], 1e-6);
     }
   }
+}
+
+TEST_P(IsaTest, MatMulManySharesOneInputAcrossTypes) {
+  ThreadPool pool(2);
+  const int64_t cols = 96, tokens = 6;
+  const auto x = Randn(tokens * cols, 21);
+  const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kF16, DType::kQ4_0};
+  const int64_t rows[] = {19, 8, 5, 33};
+  std::vector<std::vector<uint8_t>> w;
+  std::vector<std::vector<float>> one(4), many(4);
+  std::vector<MatMulArgs> args;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(RandomWeights(types[i], rows[i], cols, 100 + i));
+    one[i].assign(tokens * rows[i], 0.0f);
+    many[i].assign(tokens * rows[i], 1.0f);
+    const WeightMatrix wm{types[i], w[i].data(), rows[i], cols,
+                          static_cast<size_t>(RowBytes(types[i], cols))};
+    MatMulCpu({wm, x.data(), one[i].data(), tokens, rows[i]}, pool);
+    args.push_back({wm, x.data(), many[i].data(), tokens, rows[i]});
+  }
+  MatMulManyCpu(args, pool);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(one[i], many[i]) << TraitsOf(types[i]).name;
 }
 
 TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
@@ -190,7 +214,7 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, IsaTest, ::testing::Values(Isa::kScalar, Isa::kAvx2),
+INSTANTIATE_TEST_SUITE_P(Isas, IsaTest, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
 TEST(Elementwise, RmsNormMatchesReference) {

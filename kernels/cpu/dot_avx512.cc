@@ -1,0 +1,129 @@
+// AVX-512 (F, BW, VL, VNNI) versions of the integer dot primitives: one 512-bit register holds
+// a whole 32-element block as int16, so a block is one VPDPWSSD. The fp32 primitives reuse the
+// AVX2 versions (a head of 64 values fills 256-bit registers well).
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "kernels/cpu/dot.h"
+
+#define KVMESH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+
+namespace kvmesh::kernels::cpu {
+namespace {
+
+KVMESH_AVX512 inline float H2F(uint16_t h) { return _cvtsh_ss(h); }
+
+// The 32 4-bit values of a block, in element order, as 32 int16.
+KVMESH_AVX512 inline __m512i Nibbles32x16(const uint8_t* p) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+  return _mm512_cvtepu8_epi16(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)));
+}
+
+KVMESH_AVX512 inline __m512i LoadA(const int16_t* a) { return _mm512_loadu_si512(a); }
+
+KVMESH_AVX512 float DotQ4_0A16(const BlockQ4_0* x, const BlockA16* y, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i eight = _mm512_set1_epi16(8);
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i w = _mm512_sub_epi16(Nibbles32x16(x[i].qs), eight);
+    const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, LoadA(y[i].qs));
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+KVMESH_AVX512 float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i s =
+        _mm512_dpwssd_epi32(_mm512_setzero_si512(), Nibbles32x16(x[i].qs), LoadA(y[i].qs));
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+    mins += H2F(x[i].m) * y[i].d * static_cast<float>(y[i].sum);
+  }
+  return _mm512_reduce_add_ps(acc) + mins;
+}
+
+KVMESH_AVX512 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i w =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+    const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, LoadA(y[i].qs));
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// A weight block as 32 int16, and its scale.
+KVMESH_AVX512 inline __m512i LoadW(const BlockQ4_0& b) {
+  return _mm512_sub_epi16(Nibbles32x16(b.qs), _mm512_set1_epi16(8));
+}
+KVMESH_AVX512 inline __m512i LoadW(const BlockQ4_1& b) { return Nibbles32x16(b.qs); }
+KVMESH_AVX512 inline __m512i LoadW(const BlockQ8_0& b) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)));
+}
+
+// 4 rows x 4 tokens per pass over the blocks: each weight block is unpacked once for 4 tokens
+// and each activation block loaded once for 4 rows; 16 fp32 accumulators stay in registers.
+template <typename Block>
+KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
+                           int64_t nb, float* out, int64_t ldo) {
+  constexpr bool kHasMin = std::is_same_v<Block, BlockQ4_1>;
+  __m512 acc[4][4];
+  for (auto& row : acc) {
+    for (auto& v : row) v = _mm512_setzero_ps();
+  }
+  __m128 mins[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  const Block* rows[4];
+  for (int r = 0; r < 4; ++r) rows[r] = reinterpret_cast<const Block*>(w + r * w_stride);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i wv[4];
+    __m512 dw[4];
+    for (int r = 0; r < 4; ++r) {
+      wv[r] = LoadW(rows[r][b]);
+      dw[r] = _mm512_set1_ps(H2F(rows[r][b].d));
+    }
+    alignas(16) float asum[4];
+    for (int t = 0; t < 4; ++t) {
+      const BlockA16& ab = a[t * a_stride + b];
+      const __m512i av = _mm512_loadu_si512(ab.qs);
+      const __m512 da = _mm512_set1_ps(ab.d);
+      if constexpr (kHasMin) asum[t] = ab.d * static_cast<float>(ab.sum);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), wv[r], av));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(p, da), dw[r], acc[r][t]);
+      }
+    }
+    if constexpr (kHasMin) {
+      const __m128 s = _mm_load_ps(asum);
+      for (int r = 0; r < 4; ++r)
+        mins[r] = _mm_fmadd_ps(_mm_set1_ps(H2F(rows[r][b].m)), s, mins[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, mins[r]);
+    for (int t = 0; t < 4; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]) + m[t];
+  }
+}
+
+}  // namespace
+
+const DotTable& Avx512Dots() {
+  static const DotTable t = [] {
+    DotTable d = Avx2Dots();
+    d.q4_0_a16 = DotQ4_0A16;
+    d.q4_1_a16 = DotQ4_1A16;
+    d.q8_0_a16 = DotQ8_0A16;
+    d.q4_0_tile = Tile4x4<BlockQ4_0>;
+    d.q4_1_tile = Tile4x4<BlockQ4_1>;
+    d.q8_0_tile = Tile4x4<BlockQ8_0>;
+    return d;
+  }();
+  return t;
+}
+
+}  // namespace kvmesh::kernels::cpu

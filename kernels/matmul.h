@@ -1,0 +1,40 @@
+// Matrix products of quantised weights with fp32 activations (CPU).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/quant.h"
+#include "kernels/thread_pool.h"
+
+namespace kvmesh::kernels {
+
+// A row-major weight matrix [rows, cols] stored in `type`, each row row_bytes long.
+struct WeightMatrix {
+  DType type = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes = 0;
+};
+
+// out[t, r] = sum_k w[r, k] * x[t, k] for r in [row_begin, row_end).
+// x: [tokens, w.cols] fp32; out: [tokens, ldo] (column r of row t at out[t * ldo + r]).
+// Q4_0/Q4_1/Q8_0 weights use integer dot products against activations quantised per 32-block
+// to 16 bits (BlockA16); other types are dequantised and use fp32 dot products.
+struct MatMulArgs {
+  WeightMatrix w;
+  const float* x;
+  float* out;
+  int64_t tokens;
+  int64_t ldo;
+  int64_t row_begin = 0, row_end = -1;  // -1: all rows
+};
+void MatMulCpu(const MatMulArgs& a, ThreadPool& pool);
+
+// Several products that share one input (x, tokens and w.cols equal), such as Q, K and V of a
+// layer: the input is quantised once and all rows run in one parallel region (one wake-up of
+// the pool instead of one per matrix).
+void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool);
+
+}  // namespace kvmesh::kernels
