@@ -165,7 +165,10 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   for (auto [mb, split] :
        {std::pair<int64_t, size_t>{512, ids.size() - 5}, {7, ids.size() - 1}, {1, 1}}) {
     const auto inc = logits_of(mb, split);
-    EXPECT_LT(RelL2(inc.data(), whole.data(), whole.size()), 1e-4)
+    // Batched and single-token products sum in different orders (register tiles vs one dot per
+    // row), so they agree to rounding (~2e-4 measured), far inside what a wrong position,
+    // cache slot or mask causes (> 1e-1).
+    EXPECT_LT(RelL2(inc.data(), whole.data(), whole.size()), 1e-3)
         << "max_batch=" << mb << " split=" << split;
   }
 }
