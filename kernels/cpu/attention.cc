@@ -3,55 +3,130 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/dot.h"
+#include "kernels/cpu/primitives.h"
 #include "kernels/ops.h"
 
 namespace kvmesh::kernels {
 
 namespace {
-constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
+
+constexpr int64_t kKeyChunk = 64;          // scores kept per step of the online softmax
+constexpr int64_t kMinKeysPerSplit = 256;  // below this, splitting keys costs more than it saves
+
+// Online-softmax state of one query head over a range of keys: running max m, running sum l of
+// exp(s - m), and the unnormalised output o (head_dim floats, stored after the struct).
+struct Partial {
+  float m, l;
+};
+
+// Attends the `group` query heads q[g * d ...] of one KV head to keys [j_begin, j_end).
+// Writes one (Partial, o[d]) record per query head into `out` (stride 2 + d floats).
+void AttendRange(const AttentionArgs& a, const cpu::Primitives& p, const float* q, int64_t group,
+                 const uint16_t* kbase, const uint16_t* vbase, int64_t j_begin, int64_t j_end,
+                 float* out) {
+  const int64_t d = a.head_dim;
+  const int64_t rec = 2 + d;
+  thread_local std::vector<float> score_buf;  // this thread's [group, kKeyChunk] scores
+  score_buf.resize(static_cast<size_t>(group * kKeyChunk));
+  auto scores = [&](int64_t g) { return score_buf.data() + g * kKeyChunk; };
+  for (int64_t g = 0; g < group; ++g) {
+    float* r = out + g * rec;
+    r[0] = -std::numeric_limits<float>::infinity();
+    r[1] = 0.0f;
+    std::fill(r + 2, r + 2 + d, 0.0f);
+  }
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
+    const int64_t n = std::min(kKeyChunk, j_end - j0);
+    for (int64_t g = 0; g < group; ++g) {
+      float* r = out + g * rec;
+      const float* qg = q + g * d;
+      float cmax = r[0];
+      for (int64_t j = 0; j < n; ++j) {
+        scores(g)[j] = p.f32_f16(qg, kbase + (j0 + j) * a.kv_pos_stride, d) * a.scale;
+        cmax = std::max(cmax, scores(g)[j]);
+      }
+      // Rescale what was accumulated under the old max, once per chunk.
+      const float rescale = std::exp(r[0] - cmax);
+      r[0] = cmax;
+      p.exp_shifted(scores(g), cmax, scores(g), n);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) sum += scores(g)[j];
+      r[1] = r[1] * rescale + sum;
+      if (rescale != 1.0f) {
+        for (int64_t i = 0; i < d; ++i) r[2 + i] *= rescale;
+      }
+    }
+    // V: each row is loaded once for all heads of the group.
+    for (int64_t j = 0; j < n; ++j) {
+      const uint16_t* vj = vbase + (j0 + j) * a.kv_pos_stride;
+      for (int64_t g = 0; g < group; ++g)
+        p.scale_axpy_f16(out + g * rec + 2, 1.0f, scores(g)[j], vj, d);
+    }
+  }
 }
 
+}  // namespace
+
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
-  const auto& dots = cpu::Dots();
+  const auto& p = cpu::Prims();
   const int64_t group = a.n_heads / a.n_kv_heads;
   const int64_t d = a.head_dim;
-  // One unit of work = one (token, query head); both cores split them.
-  pool.ParallelFor(a.tokens * a.n_heads, 1, [&](int64_t u0, int64_t u1) {
-    float scores[kKeyChunk];
+  const int64_t rec = 2 + d;
+  // Work units are (token, kv head, key split). Decode has few (token, kv head) pairs, so the
+  // keys are split across threads (flash-decoding) and the partial softmaxes merged after.
+  const int64_t pairs = a.tokens * a.n_kv_heads;
+  const int64_t max_keys = a.pos0 + a.tokens;
+  int64_t splits = 1;
+  if (pairs < 4 * pool.size()) {
+    splits = std::clamp<int64_t>((4 * pool.size() + pairs - 1) / pairs, 1,
+                                 std::max<int64_t>(1, max_keys / kMinKeysPerSplit));
+  }
+  thread_local std::vector<float> scratch_storage;
+  std::vector<float>& scratch = scratch_storage;  // workers reach it through this reference
+  if (splits > 1) scratch.resize(static_cast<size_t>(pairs * splits * group * rec));
+  pool.ParallelFor(pairs * splits, 1, [&](int64_t u0, int64_t u1) {
+    thread_local std::vector<float> local;  // this worker's records when keys are not split
+    local.resize(static_cast<size_t>(group * rec));
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t t = u / a.n_heads, h = u % a.n_heads;
-      const int64_t kvh = h / group;
-      const float* q = a.q + u * d;
-      const uint16_t* kbase = a.k + kvh * d;
-      const uint16_t* vbase = a.v + kvh * d;
-      float* o = a.out + u * d;
-      std::fill(o, o + d, 0.0f);
+      const int64_t pair = u / splits, s = u % splits;
+      const int64_t t = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
       const int64_t n_keys = a.pos0 + t + 1;
-      float m = -std::numeric_limits<float>::infinity();  // running max
-      float l = 0.0f;                                     // running sum of exp(s - m)
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyChunk) {
-        const int64_t n = std::min(kKeyChunk, n_keys - j0);
-        float cmax = m;
-        for (int64_t j = 0; j < n; ++j) {
-          scores[j] = dots.f32_f16(q, kbase + (j0 + j) * a.kv_pos_stride, d) * a.scale;
-          cmax = std::max(cmax, scores[j]);
+      const int64_t j_begin = n_keys * s / splits, j_end = n_keys * (s + 1) / splits;
+      const float* q = a.q + (t * a.n_heads + kvh * group) * d;
+      float* rec_out = splits > 1 ? scratch.data() + u * group * rec : local.data();
+      AttendRange(a, p, q, group, a.k + kvh * d, a.v + kvh * d, j_begin, j_end, rec_out);
+      if (splits == 1) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float* r = rec_out + g * rec;
+          float* o = a.out + (t * a.n_heads + kvh * group + g) * d;
+          const float inv = 1.0f / r[1];
+          for (int64_t i = 0; i < d; ++i) o[i] = r[2 + i] * inv;
         }
-        // Rescale what was accumulated under the old max once per chunk.
-        float rescale = std::exp(m - cmax);
-        l *= rescale;
-        m = cmax;
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = std::exp(scores[j] - m);
-          l += p;
-          dots.scale_axpy_f16(o, rescale, p, vbase + (j0 + j) * a.kv_pos_stride, d);
-          rescale = 1.0f;
-        }
+      }
+    }
+  });
+  if (splits == 1) return;
+  // Merge the splits of each (token, head): rescale every partial to the common max.
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t t = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
+    for (int64_t g = 0; g < group; ++g) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < splits; ++s)
+        m = std::max(m, scratch[((pair * splits + s) * group + g) * rec]);
+      float* o = a.out + (t * a.n_heads + kvh * group + g) * d;
+      std::fill(o, o + d, 0.0f);
+      float l = 0.0f;
+      for (int64_t s = 0; s < splits; ++s) {
+        const float* r = scratch.data() + ((pair * splits + s) * group + g) * rec;
+        if (r[1] == 0.0f) continue;  // an empty split
+        const float w = std::exp(r[0] - m);
+        l += r[1] * w;
+        for (int64_t i = 0; i < d; ++i) o[i] += r[2 + i] * w;
       }
       const float inv = 1.0f / l;
       for (int64_t i = 0; i < d; ++i) o[i] *= inv;
     }
-  });
+  }
 }
 
 }  // namespace kvmesh::kernels

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
 #include "kernels/ops.h"
 
@@ -41,7 +42,7 @@ void RopeCpu(const RopeArgs& a) {
 }
 
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  cpu::Prims().silu_mul(gate, up, out, n);
 }
 
 void AddInPlaceCpu(float* x, const float* y, int64_t n) {
@@ -49,7 +50,7 @@ void AddInPlaceCpu(float* x, const float* y, int64_t n) {
 }
 
 void ConvertToFp16Cpu(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+  cpu::Prims().to_fp16(src, dst, n);
 }
 
 }  // namespace kvmesh::kernels

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/dot.h"
+#include "kernels/cpu/primitives.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -18,8 +18,9 @@ const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols
   const int64_t nb = cols / kQK;
   buf.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA16));
   auto* q = reinterpret_cast<BlockA16*>(buf.data());
+  const auto quantize = cpu::Prims().quantize_a16;
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) QuantizeRowA16(x + t * cols, q + t * nb, cols);
+    for (int64_t t = t0; t < t1; ++t) quantize(x + t * cols, q + t * nb, cols);
   });
   return q;
 }
@@ -27,7 +28,7 @@ const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols
 // Rows [r0, r1) of one integer-path product against every token.
 template <typename WBlock, typename Dot>
 void QuantTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq, Dot dot,
-               cpu::DotTable::Tile4x4 tile4) {
+               cpu::Primitives::Tile4x4 tile4) {
   const int64_t nb = a.w.cols / kQK;
   const auto* base = static_cast<const uint8_t*>(a.w.data);
   int64_t r = r0;
@@ -57,7 +58,7 @@ void QuantTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq, 
 
 // Types without an integer path: dequantise the rows, then fp32 dot products.
 void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
-  const auto& dots = cpu::Dots();
+  const auto& dots = cpu::Prims();
   const auto* base = static_cast<const uint8_t*>(a.w.data);
   const int64_t cols = a.w.cols;
   thread_local std::vector<float> tile;
@@ -79,7 +80,7 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
 }
 
 void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
-  const auto& d = cpu::Dots();
+  const auto& d = cpu::Prims();
   switch (a.w.type) {
     case DType::kQ4_1:
       return QuantTile<BlockQ4_1>(a, r0, r1, xq, d.q4_1_a16, d.q4_1_tile);

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
@@ -166,8 +167,10 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
   struct Case {
     int64_t tokens, n_heads, n_kv, hd, pos0;
   };
+  // The decode cases with long contexts split the keys across threads and merge.
   for (const Case c : {Case{1, 9, 3, 64, 0}, Case{1, 9, 3, 64, 150}, Case{7, 4, 2, 24, 0},
-                       Case{5, 6, 6, 17, 70}, Case{3, 3, 1, 8, 1}}) {
+                       Case{5, 6, 6, 17, 70}, Case{3, 3, 1, 8, 1}, Case{1, 9, 3, 64, 1500},
+                       Case{2, 4, 1, 16, 900}, Case{1, 2, 2, 8, 5000}}) {
     const int64_t n_pos = c.pos0 + c.tokens;
     const int64_t stride = c.n_kv * c.hd;
     const auto kf = Randn(n_pos * stride, 5);
@@ -211,6 +214,43 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
                  pool);
     EXPECT_LT(RelL2(out, ref), 1e-5)
         << "tokens=" << c.tokens << " pos0=" << c.pos0 << " hd=" << c.hd;
+  }
+}
+
+TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
+  const auto& p = cpu::Prims();
+  const auto& ref = cpu::ScalarPrimitives();
+  for (int64_t n : {32, 64, 576, 1536}) {
+    auto x = Randn(n, static_cast<uint32_t>(n), 4.0f);
+    x[3] = 0.0f;
+    std::vector<BlockA16> q(n / kQK), q_ref(n / kQK);
+    p.quantize_a16(x.data(), q.data(), n);
+    ref.quantize_a16(x.data(), q_ref.data(), n);
+    for (int64_t b = 0; b < n / kQK; ++b) {
+      ASSERT_EQ(q[b].d, q_ref[b].d);
+      ASSERT_EQ(q[b].sum, q_ref[b].sum);
+      for (int j = 0; j < kQK; ++j) ASSERT_EQ(q[b].qs[j], q_ref[b].qs[j]) << b << " " << j;
+    }
+  }
+  std::vector<BlockA16> zero(2);
+  std::vector<float> zeros(64, 0.0f);
+  p.quantize_a16(zeros.data(), zero.data(), 64);
+  EXPECT_EQ(zero[1].d, 0.0f);
+  EXPECT_EQ(zero[1].sum, 0);
+  for (int64_t n : {1, 7, 8, 37, 64}) {
+    std::vector<float> x(n), y(n), g = Randn(n, 3, 3.0f), u = Randn(n, 4), s(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = -80.0f + 160.0f * i / std::max<int64_t>(1, n - 1);
+    p.exp_shifted(x.data(), 1.5f, y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (x[i] - 1.5f < -87.0f) continue;  // below the documented range
+      ASSERT_NEAR(y[i], std::exp(double(x[i]) - 1.5), 3e-7 * std::exp(double(x[i]) - 1.5)) << x[i];
+    }
+    p.silu_mul(g.data(), u.data(), s.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(s[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
+    std::vector<uint16_t> h(n);
+    p.to_fp16(g.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], FloatToFp16(g[i]));
   }
 }
 

@@ -1,4 +1,6 @@
-#include "kernels/cpu/dot.h"
+#include <cmath>
+
+#include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
 
@@ -60,28 +62,44 @@ void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] * s + a * Fp16ToFloat(v[i]);
 }
 
+void ExpShifted(const float* x, float shift, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void ToFp16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+}
+
 }  // namespace
 
-const DotTable& ScalarDots() {
-  static const DotTable t{.q4_0_a16 = DotQ4_0A16,
-                          .q4_1_a16 = DotQ4_1A16,
-                          .q8_0_a16 = DotQ8_0A16,
-                          .f32_f32 = DotF32F32,
-                          .f32_f16 = DotF32F16,
-                          .scale_axpy_f16 = ScaleAxpyF16};
+const Primitives& ScalarPrimitives() {
+  static const Primitives t{.q4_0_a16 = DotQ4_0A16,
+                            .q4_1_a16 = DotQ4_1A16,
+                            .q8_0_a16 = DotQ8_0A16,
+                            .f32_f32 = DotF32F32,
+                            .f32_f16 = DotF32F16,
+                            .scale_axpy_f16 = ScaleAxpyF16,
+                            .quantize_a16 = QuantizeRowA16,
+                            .exp_shifted = ExpShifted,
+                            .silu_mul = SiluMul,
+                            .to_fp16 = ToFp16};
   return t;
 }
 
-const DotTable& Dots() {
+const Primitives& Prims() {
   switch (ActiveIsa()) {
     case Isa::kAvx512:
-      return Avx512Dots();
+      return Avx512Primitives();
     case Isa::kAvx2:
-      return Avx2Dots();
+      return Avx2Primitives();
     case Isa::kScalar:
       break;
   }
-  return ScalarDots();
+  return ScalarPrimitives();
 }
 
 }  // namespace kvmesh::kernels::cpu

@@ -1,5 +1,6 @@
-// Internal: the dot-product primitives under the CPU kernels, one scalar and one AVX2 version
-// each. nb counts 32-element blocks; n counts elements.
+// Internal: the vector primitives under the CPU kernels (dot products, tiled products,
+// activation quantisation, exp), as a table per ISA: scalar, AVX2, AVX-512. nb counts
+// 32-element blocks; n counts elements.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 namespace kvmesh::kernels::cpu {
 
-struct DotTable {
+struct Primitives {
   // Weight blocks x against activation blocks y (see BlockA16).
   float (*q4_0_a16)(const BlockQ4_0* x, const BlockA16* y, int64_t nb);
   float (*q4_1_a16)(const BlockQ4_1* x, const BlockA16* y, int64_t nb);
@@ -23,12 +24,20 @@ struct DotTable {
   using Tile4x4 = void (*)(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
                            int64_t nb, float* out, int64_t ldo);
   Tile4x4 q4_0_tile = nullptr, q4_1_tile = nullptr, q8_0_tile = nullptr;
+  // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
+  void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
+  // y[i] = exp(x[i] - shift) (relative error < 2e-7 for arguments in [-87, 88]).
+  void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
+  // out[i] = silu(gate[i]) * up[i].
+  void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+  // dst[i] = fp16(src[i]), round to nearest even.
+  void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
-const DotTable& ScalarDots();
-const DotTable& Avx2Dots();
-const DotTable& Avx512Dots();
+const Primitives& ScalarPrimitives();
+const Primitives& Avx2Primitives();
+const Primitives& Avx512Primitives();
 // The table of the active ISA.
-const DotTable& Dots();
+const Primitives& Prims();
 
 }  // namespace kvmesh::kernels::cpu

@@ -5,7 +5,7 @@
 
 #include <type_traits>
 
-#include "kernels/cpu/dot.h"
+#include "kernels/cpu/primitives.h"
 
 #define KVMESH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 
@@ -112,9 +112,9 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
 
 }  // namespace
 
-const DotTable& Avx512Dots() {
-  static const DotTable t = [] {
-    DotTable d = Avx2Dots();
+const Primitives& Avx512Primitives() {
+  static const Primitives t = [] {
+    Primitives d = Avx2Primitives();
     d.q4_0_a16 = DotQ4_0A16;
     d.q4_1_a16 = DotQ4_1A16;
     d.q8_0_a16 = DotQ8_0A16;

@@ -1,0 +1,219 @@
+// AVX2 + FMA + F16C versions of the dot primitives. Compiled with target attributes so the
+// binary runs on any x86-64; Prims() selects them only when CPUID reports the features.
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "kernels/cpu/primitives.h"
+
+#define KVMESH_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace kvmesh::kernels::cpu {
+namespace {
+
+KVMESH_AVX2 inline float H2F(uint16_t h) { return _cvtsh_ss(h); }
+
+KVMESH_AVX2 inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 8 int32 lanes whose sum is sum_j w[j] * a[j] over 32 elements: w as two vectors of 16 int16
+// (elements 0..15, 16..31), a the activation block's 32 int16.
+KVMESH_AVX2 inline __m256i Madd32(__m256i w_lo, __m256i w_hi, const int16_t* a) {
+  const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16));
+  return _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi));
+}
+
+// The 32 4-bit values of a block as int16: low nibbles are elements 0..15, high nibbles 16..31.
+KVMESH_AVX2 inline void Nibbles16(const uint8_t* p, __m256i* lo, __m256i* hi) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  *lo = _mm256_cvtepu8_epi16(_mm_and_si128(packed, mask));
+  *hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+}
+
+KVMESH_AVX2 float DotQ4_0A16(const BlockQ4_0* x, const BlockA16* y, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i lo, hi;
+    Nibbles16(x[i].qs, &lo, &hi);
+    const __m256i off = _mm256_set1_epi16(8);
+    const __m256i s = Madd32(_mm256_sub_epi16(lo, off), _mm256_sub_epi16(hi, off), y[i].qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(H2F(x[i].d) * y[i].d), _mm256_cvtepi32_ps(s), acc);
+  }
+  return HSum(acc);
+}
+
+KVMESH_AVX2 float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i lo, hi;
+    Nibbles16(x[i].qs, &lo, &hi);
+    const __m256i s = Madd32(lo, hi, y[i].qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(H2F(x[i].d) * y[i].d), _mm256_cvtepi32_ps(s), acc);
+    mins += H2F(x[i].m) * y[i].d * static_cast<float>(y[i].sum);
+  }
+  return HSum(acc) + mins;
+}
+
+KVMESH_AVX2 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qs));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qs + 16));
+    const __m256i s = Madd32(_mm256_cvtepi8_epi16(q0), _mm256_cvtepi8_epi16(q1), y[i].qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(H2F(x[i].d) * y[i].d), _mm256_cvtepi32_ps(s), acc);
+  }
+  return HSum(acc);
+}
+
+KVMESH_AVX2 float DotF32F32(const float* x, const float* y, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8)
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+  float s = HSum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+KVMESH_AVX2 inline __m256 LoadH8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+KVMESH_AVX2 float DotF32F16(const float* x, const uint16_t* y, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LoadH8(y + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), LoadH8(y + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LoadH8(y + i), a0);
+  float s = HSum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += x[i] * H2F(y[i]);
+  return s;
+}
+
+KVMESH_AVX2 void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
+  const __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 yy = _mm256_mul_ps(_mm256_loadu_ps(y + i), vs);
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LoadH8(v + i), yy));
+  }
+  for (; i < n; ++i) y[i] = y[i] * s + a * H2F(v[i]);
+}
+
+// exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), a degree-6
+// polynomial for exp(r), and 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.7]
+// so the result stays a normal float (exp of anything lower is taken as exp(-87.3) ~ 1e-38).
+KVMESH_AVX2 inline __m256 Exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+KVMESH_AVX2 void ExpShifted(const float* x, float shift, float* y, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    _mm256_store_ps(buf, Exp8(_mm256_sub_ps(_mm256_load_ps(buf), s)));
+    for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
+  }
+}
+
+KVMESH_AVX2 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, Exp8(_mm256_sub_ps(zero, g))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+KVMESH_AVX2 void ToFp16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+// One 32-element block: scale from the absolute maximum, values rounded half to even.
+KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 32767.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));  // nearest even
+    // Pack to int16 (packs works within 128-bit lanes; permute restores element order).
+    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p01);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 16), p23);
+    const __m256i s32 =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    y[b].d = d;
+    y[b].sum = _mm_cvtsi128_si32(s);
+  }
+}
+
+}  // namespace
+
+const Primitives& Avx2Primitives() {
+  static const Primitives t{.q4_0_a16 = DotQ4_0A16,
+                            .q4_1_a16 = DotQ4_1A16,
+                            .q8_0_a16 = DotQ8_0A16,
+                            .f32_f32 = DotF32F32,
+                            .f32_f16 = DotF32F16,
+                            .scale_axpy_f16 = ScaleAxpyF16,
+                            .quantize_a16 = QuantizeA16,
+                            .exp_shifted = ExpShifted,
+                            .silu_mul = SiluMul,
+                            .to_fp16 = ToFp16};
+  return t;
+}
+
+}  // namespace kvmesh::kernels::cpu
