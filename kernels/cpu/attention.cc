@@ -37,14 +37,12 @@ void AttendRange(const AttentionArgs& a, const cpu::Primitives& p, const float* 
   }
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
     const int64_t n = std::min(kKeyChunk, j_end - j0);
+    p.qk(q, group, d, kbase + j0 * a.kv_pos_stride, a.kv_pos_stride, n, a.scale, scores(0),
+         kKeyChunk);
     for (int64_t g = 0; g < group; ++g) {
       float* r = out + g * rec;
-      const float* qg = q + g * d;
       float cmax = r[0];
-      for (int64_t j = 0; j < n; ++j) {
-        scores(g)[j] = p.f32_f16(qg, kbase + (j0 + j) * a.kv_pos_stride, d) * a.scale;
-        cmax = std::max(cmax, scores(g)[j]);
-      }
+      for (int64_t j = 0; j < n; ++j) cmax = std::max(cmax, scores(g)[j]);
       // Rescale what was accumulated under the old max, once per chunk.
       const float rescale = std::exp(r[0] - cmax);
       r[0] = cmax;
@@ -57,11 +55,8 @@ void AttendRange(const AttentionArgs& a, const cpu::Primitives& p, const float* 
       }
     }
     // V: each row is loaded once for all heads of the group.
-    for (int64_t j = 0; j < n; ++j) {
-      const uint16_t* vj = vbase + (j0 + j) * a.kv_pos_stride;
-      for (int64_t g = 0; g < group; ++g)
-        p.scale_axpy_f16(out + g * rec + 2, 1.0f, scores(g)[j], vj, d);
-    }
+    p.pv(scores(0), kKeyChunk, group, d, vbase + j0 * a.kv_pos_stride, a.kv_pos_stride, n, out + 2,
+         rec);
   }
 }
 

@@ -30,6 +30,13 @@ struct Primitives {
   void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
   // out[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+  // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d):
+  //   qk: scores[g * ss + j] = scale * dot(q + g * d, fp16 row k + j * ks)
+  //   pv: o[g * os + i] += sum_j p[g * ps + j] * fp16(v + j * vs)[i]
+  void (*qk)(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n,
+             float scale, float* scores, int64_t ss) = nullptr;
+  void (*pv)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs,
+             int64_t n, float* o, int64_t os) = nullptr;
   // dst[i] = fp16(src[i]), round to nearest even.
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
@@ -39,5 +46,11 @@ const Primitives& Avx2Primitives();
 const Primitives& Avx512Primitives();
 // The table of the active ISA.
 const Primitives& Prims();
+
+// ISA-independent qk / pv built from f32_f16 and scale_axpy_f16 of `p`.
+void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const uint16_t* k,
+               int64_t ks, int64_t n, float scale, float* scores, int64_t ss);
+void GenericPv(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
+               const uint16_t* v, int64_t vs, int64_t n, float* o, int64_t os);
 
 }  // namespace kvmesh::kernels::cpu

@@ -110,6 +110,59 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
   }
 }
 
+// Attention for head_dim 64 (four 16-float registers per head) and up to 4 heads per KV head:
+// each K or V row is converted from fp16 once and used by every head of the group, and the
+// output rows stay in registers for the whole chunk. Other shapes take the generic path.
+constexpr int64_t kMaxG = 4;
+
+KVMESH_AVX512 void Qk(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks,
+                      int64_t n, float scale, float* scores, int64_t ss) {
+  if (d != 64 || G > kMaxG)
+    return GenericQk(Avx512Primitives(), q, G, d, k, ks, n, scale, scores, ss);
+  __m512 qv[kMaxG][4];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c)
+      qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * 64 + 16 * c), _mm512_set1_ps(scale));
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* kj = k + j * ks;
+    __m512 kv[4];
+    for (int c = 0; c < 4; ++c) {
+      kv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + 16 * c)));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+      acc = _mm512_fmadd_ps(qv[g][1], kv[1], acc);
+      acc = _mm512_fmadd_ps(qv[g][2], kv[2], acc);
+      acc = _mm512_fmadd_ps(qv[g][3], kv[3], acc);
+      scores[g * ss + j] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v,
+                      int64_t vs, int64_t n, float* o, int64_t os) {
+  if (d != 64 || G > kMaxG) return GenericPv(Avx512Primitives(), p, ps, G, d, v, vs, n, o, os);
+  __m512 acc[kMaxG][4];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* vj = v + j * vs;
+    __m512 vv[4];
+    for (int c = 0; c < 4; ++c) {
+      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vj + 16 * c)));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * ps + j]);
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
+  }
+}
+
 }  // namespace
 
 const Primitives& Avx512Primitives() {
@@ -121,6 +174,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
+    d.qk = Qk;
+    d.pv = Pv;
     return d;
   }();
   return t;
