@@ -73,9 +73,11 @@ def samples(engine, t, p, n, d):
                 extra = r
     return s, (extra if engine == "kvmesh" else None)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+bw = sorted({(r.get("threads"), r.get("bandwidth_gbps")) for r in [json.loads(l) for f in glob.glob(f"{out}/kvmesh.*.json") for l in open(f) if l.strip()] if r.get("bandwidth_gbps")})
 print(f"CPU: {cpu}; model: {os.path.basename(model)}; llama-bench: {lb}")
-print(f"| test           | threads | llama.cpp t/s (median) | kvmesh t/s (median) | ratio | goal  | decode bound t/s | kvmesh % of bound |")
-print(f"|----------------|---------|------------------------|---------------------|-------|-------|------------------|-------------------|")
+print("read bandwidth measured by kvmesh bench: " + ", ".join(f"{t} threads {g:.1f} GB/s" for t, g in bw))
+print(f"| test           | threads | llama.cpp t/s (median) | kvmesh t/s (median) | ratio | goal      | decode bound t/s | kvmesh % of bound | kvmesh RSS / budget MiB |")
+print(f"|----------------|---------|------------------------|---------------------|-------|-----------|------------------|-------------------|-------------------------|")
 for t in threads:
     for p, n, d in ((512, 0, 0), (0, 128, 0), (0, 128, 4096)):
         ls, _ = samples("llama", t, p, n, d)
@@ -90,5 +92,6 @@ for t in threads:
         bound_s = f"{bound:.0f}" if bound else ""
         pct = f"{100 * km / bound:.0f}%" if bound else ""
         ok = "ok" if km / lm >= goal else "MISS"
-        print(f"| {name:14} | {t:>7} | {lm:22.1f} | {km:19.1f} | {km/lm:5.2f} | {goal:.1f}x {ok} | {bound_s:>16} | {pct:>17} |")
+        rss = f"{kx['rss_mib']:.0f} / {kx['rss_budget_mib']:.0f}"
+        print(f"| {name:14} | {t:>7} | {lm:22.1f} | {km:19.1f} | {km/lm:5.2f} | {goal:.1f}x {ok:4} | {bound_s:>16} | {pct:>17} | {rss:>23} |")
 PY

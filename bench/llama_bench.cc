@@ -69,6 +69,9 @@ void Print(const BenchResult& r, const model::LlamaModel& m, bool json) {
                         {"bandwidth_gbps", r.bandwidth_gbps},
                         {"bound_ts", r.bound_ts},
                         {"rss_mib", r.rss_mib},
+                        {"rss_budget_mib", r.rss_budget_mib},
+                        {"model_mib", r.model_mib},
+                        {"kv_mib", r.kv_mib},
                         {"isa", std::string(kernels::IsaName(kernels::ActiveIsa()))},
                         {"model", m.config().name}};
     std::printf("%s\n", j.dump().c_str());
@@ -78,9 +81,10 @@ void Print(const BenchResult& r, const model::LlamaModel& m, bool json) {
       bound = StrCat(" | ", static_cast<int>(r.bound_ts), " t/s bound (",
                      static_cast<int>(100 * r.median_ts / r.bound_ts), "%)");
     }
-    std::printf("| %-14s | %7d | %-5s | %9.2f ± %7.2f | %9.2f%s\n", r.test.c_str(), r.threads,
+    std::printf("| %-14s | %7d | %-6s | %9.2f ± %7.2f | %9.2f | RSS %.0f of %.0f MiB%s\n",
+                r.test.c_str(), r.threads,
                 std::string(kernels::IsaName(kernels::ActiveIsa())).c_str(), r.median_ts,
-                r.stddev_ts, r.mean_ts, bound.c_str());
+                r.stddev_ts, r.mean_ts, r.rss_mib, r.rss_budget_mib, bound.c_str());
   }
   std::fflush(stdout);
 }
@@ -104,8 +108,8 @@ absl::StatusOr<std::vector<BenchResult>> RunBench(const BenchOptions& o) {
     std::printf("model: %s (%.1f MiB file), %lld layers, ISA %s\n", c.name.c_str(),
                 m.gguf().file_size() / 1048576.0, static_cast<long long>(c.n_layers),
                 std::string(kernels::IsaName(kernels::ActiveIsa())).c_str());
-    std::printf("| %-14s | %7s | %-5s | %19s | %9s\n", "test", "threads", "isa", "t/s median ± sd",
-                "t/s mean");
+    std::printf("| %-14s | %7s | %-6s | %19s | %9s |\n", "test", "threads", "isa",
+                "t/s median ± sd", "t/s mean");
   }
   std::vector<BenchResult> results;
   for (int threads : o.threads) {
@@ -162,6 +166,13 @@ absl::StatusOr<std::vector<BenchResult>> RunBench(const BenchOptions& o) {
         }
         Summarise(r);
         r.rss_mib = RssMib();
+        {
+          kvstore::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, depth + p + g + 1);
+          (void)kv.Reserve(depth + p + g + 1);
+          r.kv_mib = double(kv.reserved()) * kv.bytes_per_position() / 1048576.0;
+        }
+        r.model_mib = m.gguf().file_size() / 1048576.0;
+        r.rss_budget_mib = r.model_mib + r.kv_mib + 64.0;
         if (g > 0) {
           // Per token: the weights, plus K and V of every cached position (average depth).
           kvstore::KvCache probe(c.n_layers, c.n_kv_heads, c.head_dim, 1);

@@ -34,6 +34,8 @@ struct BenchResult {
   // bandwidth (0 when not measured).
   double bytes_per_token = 0, bandwidth_gbps = 0, bound_ts = 0;
   double rss_mib = 0;  // resident set after the test
+  // The resident-memory budget: model file + the test's KV cache + 64 MiB.
+  double model_mib = 0, kv_mib = 0, rss_budget_mib = 0;
 };
 
 // Runs every combination; prints a table (or JSON lines) to stdout as results arrive.
