@@ -73,7 +73,7 @@ def samples(engine, t, p, n, d):
                 extra = r
     return s, (extra if engine == "kvmesh" else None)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-bw = sorted({(r.get("threads"), r.get("bandwidth_gbps")) for r in [json.loads(l) for f in glob.glob(f"{out}/kvmesh.*.json") for l in open(f) if l.strip()] if r.get("bandwidth_gbps")})
+bw = sorted([(r.get("threads"), r.get("bandwidth_gbps")) for r in [json.loads(l) for f in glob.glob(f"{out}/kvmesh.*.json") for l in open(f) if l.strip()] if r.get("bandwidth_gbps")])
 print(f"CPU: {cpu}; model: {os.path.basename(model)}; llama-bench: {lb}")
 print("read bandwidth measured by kvmesh bench: " + ", ".join(f"{t} threads {g:.1f} GB/s" for t, g in bw))
 print(f"| test           | threads | llama.cpp t/s (median) | kvmesh t/s (median) | ratio | goal      | decode bound t/s | kvmesh % of bound | kvmesh RSS / budget MiB |")
@@ -88,7 +88,9 @@ for t in threads:
             continue
         lm, km = statistics.median(ls), statistics.median(ks)
         goal = 1.5 if p else 1.0
-        bound = kx.get("bound_ts", 0) if n else 0
+        # The bound from the median of every bandwidth probe at this thread count.
+        bws = sorted(g for tt, g in bw if str(tt) == str(t))
+        bound = (statistics.median(bws) * 1e9 / kx["bytes_per_token"]) if (n and bws) else 0
         bound_s = f"{bound:.0f}" if bound else ""
         pct = f"{100 * km / bound:.0f}%" if bound else ""
         ok = "ok" if km / lm >= goal else "MISS"
