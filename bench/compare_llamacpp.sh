@@ -75,7 +75,7 @@ def samples(engine, t, p, n, d):
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 bw = sorted([(r.get("threads"), r.get("bandwidth_gbps")) for r in [json.loads(l) for f in glob.glob(f"{out}/kvmesh.*.json") for l in open(f) if l.strip()] if r.get("bandwidth_gbps")])
 print(f"CPU: {cpu}; model: {os.path.basename(model)}; llama-bench: {lb}")
-print("read bandwidth measured by kvmesh bench: " + ", ".join(f"{t} threads {g:.1f} GB/s" for t, g in bw))
+print("read bandwidth measured by kvmesh bench: " + ", ".join(f"{t} threads {g:.1f} GB/s" for t, g in sorted(set(bw))))
 print(f"| test           | threads | llama.cpp t/s (median) | kvmesh t/s (median) | ratio | goal      | decode bound t/s | kvmesh % of bound | kvmesh RSS / budget MiB |")
 print(f"|----------------|---------|------------------------|---------------------|-------|-----------|------------------|-------------------|-------------------------|")
 for t in threads:

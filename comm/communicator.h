@@ -1,8 +1,8 @@
 // A fixed group of ranks running collectives on host memory.
 //
-// Backends: "self" (one rank; collectives are identities) now; MPI and NCCL arrive with tensor
-// parallelism. Thread-compatible: one thread drives a communicator. Every call blocks until the
-// collective is complete on this rank.
+// Backends: "self" (one rank; collectives are identities), MPI (comm/mpi/); NCCL arrives with
+// the CUDA backend. Thread-compatible: one thread drives a communicator. Every call blocks until
+// the collective is complete on this rank.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,10 @@ class Communicator {
   // Copies root's bytes into every rank's buf (same length everywhere).
   virtual absl::Status Broadcast(std::span<uint8_t> buf, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // The root receives every rank's `mine` concatenated in rank order into `all`; counts[r] is
+  // rank r's length and must be the same list on every rank. `all` is unused on other ranks.
+  virtual absl::Status GatherV(std::span<const float> mine, std::span<float> all,
+                               std::span<const int> counts, int root) = 0;
 };
 
 // The one-rank communicator used by the single-process engine.

@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "bench/llama_bench.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "coordinator/flags.h"
 #include "kernels/isa.h"
+#include "model/shard.h"
 #include "util/str_cat.h"
 #include "worker/engine.h"
 
@@ -30,9 +34,10 @@ constexpr char kUsage[] =
     "usage: kvmesh <command> [flags]\n"
     "  run       --prompt TEXT [--model PATH] [--chat] [--max-tokens N] [--temperature T]\n"
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
-    "            [--ctx-size N] [--json]\n"
+    "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--print-plan]\n"
+    "            (tensor parallel: mpirun -np T kvmesh run --tp T ...)\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
-    "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N]\n"
+    "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
     "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
     "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
     "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
@@ -52,27 +57,120 @@ std::string ModelPath(const Flags& f) {
   return f.String("model", StrCat(CacheDir(), "/", kDefaultModelFile));
 }
 
-absl::StatusOr<std::unique_ptr<worker::Engine>> MakeEngine(const Flags& f) {
+// The process's place in a run: one process, or one rank of `mpirun -np K kvmesh ...`
+// (world = dp x pp x tp with dp = pp = 1 for now; rank 0 is the coordinator and TP rank 0).
+struct Launch {
+  std::unique_ptr<comm::MpiRuntime> mpi;
+  std::unique_ptr<comm::Communicator> tp_comm;
+  std::unique_ptr<worker::Engine> engine;
+  int rank = 0, world = 1;
+  ~Launch() {
+    engine.reset();
+    tp_comm.reset();  // before MPI_Finalize
+  }
+};
+
+// Every rank agrees on whether any rank failed; all print the error of the lowest failing rank.
+absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
+  if (l.tp_comm == nullptr || l.world == 1) return mine;
+  std::vector<float> failed(l.world, 0.0f);
+  failed[l.rank] = mine.ok() ? 0.0f : 1.0f;
+  if (auto s = l.tp_comm->AllReduceSum(failed); !s.ok()) return s;
+  int first = -1;
+  for (int r = 0; r < l.world && first < 0; ++r) {
+    if (failed[r] > 0) first = r;
+  }
+  if (first < 0) return absl::OkStatus();
+  std::string msg(1024, '\0');
+  if (l.rank == first) {
+    const std::string m = StrCat("rank ", first, ": ", mine.message());
+    msg.replace(0, std::min(m.size(), msg.size() - 1), m.substr(0, msg.size() - 1));
+  }
+  if (auto s = l.tp_comm->Broadcast({reinterpret_cast<uint8_t*>(msg.data()), msg.size()}, first);
+      !s.ok())
+    return s;
+  return absl::Status(l.rank == first ? mine.code() : absl::StatusCode::kAborted, msg.c_str());
+}
+
+absl::Status SetUp(const Flags& f, Launch& l) {
   auto threads = f.Int("threads", 0, 0, 1024);
   if (!threads.ok()) return threads.status();
   auto ctx = f.Int("ctx-size", 0, 0, int64_t{1} << 24);
   if (!ctx.ok()) return ctx.status();
+  auto tp = f.Int("tp", 1, 1, 4096);
+  if (!tp.ok()) return tp.status();
+  auto pp = f.Int("pp", 1, 1, 4096);
+  if (!pp.ok()) return pp.status();
+  if (*pp > 1) {
+    return absl::UnimplementedError(
+        "--pp > 1: pipeline parallelism is not implemented yet (tensor parallelism is: --tp)");
+  }
+  if (*tp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
+    auto mpi = comm::MpiRuntime::Init(nullptr, nullptr);
+    if (!mpi.ok()) return mpi.status();
+    l.mpi = std::move(*mpi);
+    l.rank = l.mpi->world_rank();
+    l.world = l.mpi->world_size();
+    if (l.world != *tp * *pp) {
+      return absl::InvalidArgumentError(StrCat("world size ", l.world,
+                                               " does not match dp x pp x tp = 1 x ", *pp, " x ",
+                                               *tp, " (launch with mpirun -np ", *tp * *pp, ")"));
+    }
+    auto comm = comm::CreateMpiCommunicator(0, l.rank);
+    if (!comm.ok()) return comm.status();
+    l.tp_comm = std::move(*comm);
+  }
   worker::EngineOptions o;
   o.model_path = ModelPath(f);
   o.threads = static_cast<int>(*threads);
   o.ctx_size = *ctx;
+  o.tp_comm = l.tp_comm.get();
   auto e = worker::Engine::Create(o);
+  absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
-    return absl::NotFoundError(StrCat(e.status().message(), " (run `kvmesh model pull` first)"));
+    st = absl::NotFoundError(StrCat(e.status().message(), " (run `kvmesh model pull` first)"));
   }
-  return e;
+  if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
+  l.engine = std::move(*e);
+  if (f.Has("print-plan") && l.rank == 0) {
+    const auto& m = l.engine->model();
+    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp 1 x tp " << l.world
+              << "; rank 0 coordinates and is TP rank 0; layers [0," << m.config().n_layers
+              << ") on every rank\n";
+    for (int r = 0; r < l.world; ++r) {
+      std::cerr << "kvmesh: plan: rank " << r << ": "
+                << model::MakeTpShard(m, r, l.world)->Describe() << "\n";
+    }
+  }
+  return absl::OkStatus();
 }
+
+// Runs `leader` on rank 0 while the other ranks follow its steps; returns rank 0's exit code on
+// rank 0 and 0 (or 1 if the group broke) elsewhere.
+int RunLaunched(Launch& l, const std::function<int()>& leader) {
+  if (l.engine->is_leader()) {
+    const int rc = leader();
+    if (auto s = l.engine->StopFollowers(); !s.ok()) return Fail(s);
+    return rc;
+  }
+  if (auto s = l.engine->ServeFollower(); !s.ok()) return Fail(s);
+  return 0;
+}
+
+const std::set<std::string> kLaunchFlags = {"threads", "ctx-size", "tp", "pp"};
+
+std::set<std::string> With(std::set<std::string> a, const std::set<std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+int RunLeader(const Flags& flags, worker::Engine& e, worker::GenerateRequest req);
 
 int Run(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2,
-                        {"model", "prompt", "max-tokens", "temperature", "top-k", "top-p",
-                         "repeat-penalty", "seed", "threads", "ctx-size"},
-                        {"chat", "json"});
+                        With(kLaunchFlags, {"model", "prompt", "max-tokens", "temperature", "top-k",
+                                            "top-p", "repeat-penalty", "seed"}),
+                        {"chat", "json", "print-plan", "ignore-eos"});
   if (!f.ok()) return Fail(f.status());
   if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("run: --prompt is required"));
   worker::GenerateRequest req;
@@ -92,9 +190,14 @@ int Run(int argc, char** argv) {
   req.sampling.top_p = static_cast<float>(*top_p);
   req.sampling.repeat_penalty = static_cast<float>(*rep);
   req.sampling.seed = *seed;
-  auto engine = MakeEngine(*f);
-  if (!engine.ok()) return Fail(engine.status());
-  worker::Engine& e = **engine;
+  req.ignore_eos = f->Has("ignore-eos");
+  Launch launch;
+  if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
+  return RunLaunched(launch, [&] { return RunLeader(*f, *launch.engine, req); });
+}
+
+int RunLeader(const Flags& flags, worker::Engine& e, worker::GenerateRequest req) {
+  const Flags* f = &flags;
   const std::string prompt = f->String("prompt", "");
   if (f->Has("chat")) {
     auto p = e.ChatPrompt(prompt);
@@ -161,20 +264,28 @@ int Tokenize(int argc, char** argv) {
   return 0;
 }
 
+int LogitsLeader(const Flags& flags, worker::Engine& engine, int64_t k);
+
 int Logits(int argc, char** argv) {
-  auto f = Flags::Parse(argc, argv, 2, {"model", "prompt", "top-k", "threads", "ctx-size"}, {});
+  auto f =
+      Flags::Parse(argc, argv, 2, With(kLaunchFlags, {"model", "prompt", "top-k"}), {"print-plan"});
   if (!f.ok()) return Fail(f.status());
   if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("logits: --prompt is required"));
   auto k = f->Int("top-k", 20, 1, 1 << 24);
   if (!k.ok()) return Fail(k.status());
-  auto engine = MakeEngine(*f);
-  if (!engine.ok()) return Fail(engine.status());
-  const auto ids = (*engine)->tokenizer().Encode(f->String("prompt", ""), /*parse_special=*/true);
-  auto logits = (*engine)->LastLogits(ids);
+  Launch launch;
+  if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
+  return RunLaunched(launch, [&] { return LogitsLeader(*f, *launch.engine, *k); });
+}
+
+int LogitsLeader(const Flags& flags, worker::Engine& engine, int64_t k) {
+  const Flags* f = &flags;
+  const auto ids = engine.tokenizer().Encode(f->String("prompt", ""), /*parse_special=*/true);
+  auto logits = engine.LastLogits(ids);
   if (!logits.ok()) return Fail(logits.status());
   std::vector<int32_t> idx(logits->size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
-  const size_t top = std::min<size_t>(*k, idx.size());
+  const size_t top = std::min<size_t>(k, idx.size());
   std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
                     [&](int32_t a, int32_t b) { return (*logits)[a] > (*logits)[b]; });
   json out = json::array();

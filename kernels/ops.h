@@ -36,8 +36,10 @@ void RopeCpu(const RopeArgs& a);
 // Causal grouped-query attention over an fp16 KV cache, flash style (online softmax, no score
 // matrix). q: [tokens, n_heads, head_dim]; out: same shape. K and V of kv head h, position p
 // start at k + p * kv_pos_stride + h * head_dim (the cache is [positions, n_kv_heads, head_dim]).
-// Query t sits at position pos0 + t and attends to positions [0, pos0 + t]. Query head i uses kv
-// head i / (n_heads / n_kv_heads).
+// Query t sits at position pos0 + t and attends to positions [0, pos0 + t].
+// Heads may be a tensor-parallel slice: local query head i is global head q_head0 + i and uses
+// global KV head (q_head0 + i) / group, which is local KV head that minus kv_head0.
+// group = 0 means n_heads / n_kv_heads (no slicing).
 struct AttentionArgs {
   const float* q;
   const uint16_t* k;
@@ -47,6 +49,7 @@ struct AttentionArgs {
   int64_t kv_pos_stride;
   int64_t pos0;
   float scale;
+  int64_t group = 0, q_head0 = 0, kv_head0 = 0;
 };
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool);
 

@@ -32,8 +32,81 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   if (opts.threads < 0) return absl::InvalidArgumentError("threads must be >= 0");
   e->pool_ = std::make_unique<kernels::ThreadPool>(
       opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
-  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_);
+  e->comm_ = opts.tp_comm;
+  const int tp_rank = e->comm_ ? e->comm_->rank() : 0;
+  const int tp_size = e->comm_ ? e->comm_->size() : 1;
+  auto shard = model::MakeTpShard(*e->model_, tp_rank, tp_size);
+  if (!shard.ok()) return shard.status();
+  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_, *shard, e->comm_);
   return e;
+}
+
+absl::Status Engine::Execute(Op op, std::span<const int32_t> tokens, std::span<float> logits) {
+  const auto& c = model_->config();
+  switch (op) {
+    case Op::kReset:
+      cache_ = std::make_unique<kvstore::KvCache>(c.n_layers, forward_->n_kv_heads(), c.head_dim,
+                                                  ctx_size_);
+      return absl::OkStatus();
+    case Op::kForward:
+      if (!cache_) return absl::FailedPreconditionError("forward before reset");
+      return forward_->Forward(tokens, *cache_, logits);
+    case Op::kStop:
+      return absl::OkStatus();
+  }
+  return absl::InternalError("unknown step");
+}
+
+absl::Status Engine::Step(Op op, std::span<const int32_t> tokens, std::span<float> logits) {
+  if (comm_ != nullptr && comm_->size() > 1) {
+    // Header: op, token count, whether logits are wanted; then the tokens.
+    int32_t hdr[3] = {static_cast<int32_t>(op), static_cast<int32_t>(tokens.size()),
+                      logits.empty() ? 0 : 1};
+    if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
+      return s;
+    }
+    if (!tokens.empty()) {
+      std::vector<int32_t> copy(tokens.begin(), tokens.end());
+      if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(copy.data()), copy.size() * 4}, 0);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return Execute(op, tokens, logits);
+}
+
+absl::Status Engine::ServeFollower() {
+  if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+  std::vector<int32_t> tokens;
+  std::vector<float> logits(model_->config().n_vocab);
+  for (;;) {
+    int32_t hdr[3];
+    if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
+      return s;
+    }
+    const Op op = static_cast<Op>(hdr[0]);
+    if (op == Op::kStop) return absl::OkStatus();
+    if (hdr[1] < 0 || hdr[1] > ctx_size_) return absl::InternalError("follower: bad step header");
+    tokens.resize(hdr[1]);
+    if (!tokens.empty()) {
+      if (auto s =
+              comm_->Broadcast({reinterpret_cast<uint8_t*>(tokens.data()), tokens.size() * 4}, 0);
+          !s.ok()) {
+        return s;
+      }
+    }
+    // A step the leader rejects is rejected here too, before any collective, so the group stays
+    // in step: keep serving. A failed collective means a peer is gone.
+    const absl::Status s =
+        Execute(op, tokens, hdr[2] ? std::span<float>(logits) : std::span<float>());
+    if (!s.ok() && s.code() == absl::StatusCode::kUnavailable) return s;
+  }
+}
+
+absl::Status Engine::StopFollowers() {
+  if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+  return Step(Op::kStop, {}, {});
 }
 
 absl::StatusOr<std::vector<int32_t>> Engine::ChatPrompt(const std::string& user_message) const {
@@ -57,7 +130,6 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
   if (auto s = req.sampling.Validate(); !s.ok()) return s;
   if (req.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
   const auto& c = model_->config();
-  kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, ctx_size_);
   model::Sampler sampler(req.sampling);
   std::vector<float> logits(c.n_vocab);
   std::vector<int32_t> history = req.prompt;
@@ -66,7 +138,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
   r.stop_reason = "length";
 
   auto t0 = std::chrono::steady_clock::now();
-  if (auto s = forward_->Forward(req.prompt, cache, logits); !s.ok()) return s;
+  if (auto s = Step(Op::kReset, {}, {}); !s.ok()) return s;
+  if (auto s = Step(Op::kForward, req.prompt, logits); !s.ok()) return s;
   r.prefill_ms = MsSince(t0);
   t0 = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < req.max_tokens; ++i) {
@@ -74,14 +147,14 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
     r.tokens.push_back(tok);
     history.push_back(tok);
     if (on_token) on_token(tok);
-    if (tokenizer_->IsEndOfGeneration(tok)) {
+    if (!req.ignore_eos && tokenizer_->IsEndOfGeneration(tok)) {
       r.stop_reason = "eos";
       break;
     }
     if (i + 1 == req.max_tokens) break;
-    if (cache.size() + 1 > ctx_size_) break;  // context full: stop as "length"
+    if (cache_->size() + 1 > ctx_size_) break;  // context full: stop as "length"
     const int32_t one[1] = {tok};
-    if (auto s = forward_->Forward(one, cache, logits); !s.ok()) return s;
+    if (auto s = Step(Op::kForward, one, logits); !s.ok()) return s;
   }
   r.decode_ms = MsSince(t0);
   r.text = tokenizer_->Decode(r.tokens);
@@ -90,10 +163,9 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
 
 absl::StatusOr<std::vector<float>> Engine::LastLogits(const std::vector<int32_t>& prompt) {
   if (auto s = CheckPrompt(prompt); !s.ok()) return s;
-  const auto& c = model_->config();
-  kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, ctx_size_);
-  std::vector<float> logits(c.n_vocab);
-  if (auto s = forward_->Forward(prompt, cache, logits); !s.ok()) return s;
+  std::vector<float> logits(model_->config().n_vocab);
+  if (auto s = Step(Op::kReset, {}, {}); !s.ok()) return s;
+  if (auto s = Step(Op::kForward, prompt, logits); !s.ok()) return s;
   return logits;
 }
 

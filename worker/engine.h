@@ -2,6 +2,10 @@
 // and forward pass, and runs one request at a time (prefill, then sampled decode until an
 // end-of-generation token or the token limit).
 //
+// Tensor parallel: every rank of the TP group creates an Engine with the group's communicator.
+// Rank 0 (the leader) serves requests; each forward step is broadcast to the other ranks, which
+// run ServeFollower() until the leader calls StopFollowers().
+//
 // Not thread safe: one request at a time. The serving engine (continuous batching) builds on
 // the same LlamaForward and KV cache.
 #pragma once
@@ -24,13 +28,15 @@ namespace kvmesh::worker {
 
 struct EngineOptions {
   std::string model_path;
-  int threads = 0;       // 0: the CPUs this process may use
-  int64_t ctx_size = 0;  // 0: the model's training context
+  int threads = 0;                        // 0: the CPUs this process may use
+  int64_t ctx_size = 0;                   // 0: the model's training context
+  comm::Communicator* tp_comm = nullptr;  // the TP group (not owned); null: one rank
 };
 
 struct GenerateRequest {
   std::vector<int32_t> prompt;  // token ids
   int32_t max_tokens = 256;
+  bool ignore_eos = false;  // keep generating past end-of-generation tokens (benchmarks, tests)
   model::SamplingParams sampling;
 };
 
@@ -64,15 +70,28 @@ class Engine {
   // Logits at the last position of `prompt` (raw, no template), n_vocab floats.
   absl::StatusOr<std::vector<float>> LastLogits(const std::vector<int32_t>& prompt);
 
+  const model::TpShard& shard() const { return forward_->shard(); }
+  bool is_leader() const { return shard().tp_rank == 0; }
+  // Followers (TP rank > 0): execute the leader's steps until it stops them. Blocks.
+  absl::Status ServeFollower();
+  // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
+  absl::Status StopFollowers();
+
  private:
+  enum class Op : int32_t { kStop = 0, kReset = 1, kForward = 2 };
   Engine() = default;
   absl::Status CheckPrompt(const std::vector<int32_t>& prompt) const;
+  // Leader: broadcasts the step to the followers, then runs it here.
+  absl::Status Step(Op op, std::span<const int32_t> tokens, std::span<float> logits);
+  absl::Status Execute(Op op, std::span<const int32_t> tokens, std::span<float> logits);
 
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::optional<model::ChatTemplate> chat_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<kvstore::KvCache> cache_;  // the current sequence
+  comm::Communicator* comm_ = nullptr;
   int64_t ctx_size_ = 0;
 };
 

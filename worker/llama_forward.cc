@@ -13,7 +13,24 @@ using kernels::MatMulArgs;
 
 LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                            int64_t max_batch)
-    : model_(model), pool_(pool), max_batch_(std::max<int64_t>(1, max_batch)) {}
+    : LlamaForward(model, pool, *model::MakeTpShard(model, 0, 1), nullptr, max_batch) {}
+
+LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
+                           const model::TpShard& shard, comm::Communicator* comm, int64_t max_batch)
+    : model_(model),
+      pool_(pool),
+      max_batch_(std::max<int64_t>(1, max_batch)),
+      shard_(shard),
+      comm_(comm) {
+  const auto& c = model.config();
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    layers_.push_back(model::SliceLayer(model.layer(l), c, shard));
+  output_ = model::SliceOutput(model.output(), shard);
+  for (int r = 0; r < shard.tp_size; ++r) {
+    const auto s = model::MakeTpShard(model, r, shard.tp_size);
+    vocab_counts_.push_back(static_cast<int>(s->vocab_end - s->vocab_begin));
+  }
+}
 
 absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,
                                    std::span<float> logits) {
@@ -31,21 +48,31 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
   if (auto s = cache.Reserve(cache.size() + static_cast<int64_t>(tokens.size())); !s.ok()) return s;
   for (size_t b = 0; b < tokens.size(); b += max_batch_) {
     const int64_t n = std::min<int64_t>(max_batch_, tokens.size() - b);
-    Batch(tokens.data() + b, n, cache);
+    if (auto s = Batch(tokens.data() + b, n, cache); !s.ok()) return s;
   }
   if (!logits.empty()) {
     // x_ holds the last batch's hidden states; only the final token needs the LM head.
     const int64_t last = ((static_cast<int64_t>(tokens.size()) - 1) % max_batch_);
     std::vector<float> h(x_.begin() + last * c.n_embd, x_.begin() + (last + 1) * c.n_embd);
     kernels::RmsNormCpu({h.data(), model_.output_norm(), h.data(), 1, c.n_embd, c.rms_eps});
-    kernels::MatMulCpu(MatMulArgs{model_.output(), h.data(), logits.data(), 1, c.n_vocab}, pool_);
+    if (comm_ == nullptr || shard_.tp_size == 1) {
+      kernels::MatMulCpu(MatMulArgs{output_, h.data(), logits.data(), 1, output_.rows}, pool_);
+    } else {
+      local_logits_.resize(output_.rows);
+      kernels::MatMulCpu(MatMulArgs{output_, h.data(), local_logits_.data(), 1, output_.rows},
+                         pool_);
+      if (auto s = comm_->GatherV(local_logits_, logits, vocab_counts_, 0); !s.ok()) return s;
+    }
   }
   return absl::OkStatus();
 }
 
-void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache) {
+absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache) {
   const auto& c = model_.config();
-  const int64_t E = c.n_embd, hd = c.head_dim, H = c.n_heads, KV = c.n_kv_heads, F = c.n_ff;
+  const int64_t E = c.n_embd, hd = c.head_dim;
+  const int64_t H = shard_.q_head_end - shard_.q_head_begin;  // this rank's heads and MLP width
+  const int64_t KV = n_kv_heads(), F = shard_.ff_end - shard_.ff_begin;
+  const bool reduce = comm_ != nullptr && shard_.tp_size > 1;
   const int64_t pos0 = cache.size();
   x_.resize(n * E);
   xn_.resize(n * E);
@@ -67,7 +94,7 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const model::LlamaLayer& L = model_.layer(l);
+    const model::LlamaLayer& L = layers_[l];
     kernels::RmsNormCpu({x_.data(), L.attn_norm, xn_.data(), n, E, c.rms_eps});
     const MatMulArgs qkv[] = {{L.wq, xn_.data(), q_.data(), n, H * hd},
                               {L.wk, xn_.data(), k_.data(), n, KV * hd},
@@ -78,10 +105,15 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
     // Append K/V at positions [pos0, pos0 + n): the cache rows are exactly [n, KV, hd].
     kernels::ConvertToFp16Cpu(k_.data(), cache.k(l) + pos0 * cache.pos_stride(), n * KV * hd);
     kernels::ConvertToFp16Cpu(v_.data(), cache.v(l) + pos0 * cache.pos_stride(), n * KV * hd);
-    kernels::AttentionCpu({q_.data(), cache.k(l), cache.v(l), attn_.data(), n, H, KV, hd,
-                           cache.pos_stride(), pos0, scale},
-                          pool_);
+    kernels::AttentionCpu(
+        {q_.data(), cache.k(l), cache.v(l), attn_.data(), n, H, KV, hd, cache.pos_stride(), pos0,
+         scale, shard_.group, shard_.q_head_begin, shard_.kv_head_begin},
+        pool_);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
+    if (reduce) {
+      if (auto s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n * E)}); !s.ok())
+        return s;
+    }
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
 
     kernels::RmsNormCpu({x_.data(), L.ffn_norm, xn_.data(), n, E, c.rms_eps});
@@ -90,9 +122,14 @@ void LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cac
     kernels::MatMulManyCpu(gate_up, pool_);
     kernels::SwiGluCpu(gate_.data(), up_.data(), gate_.data(), n * F);
     kernels::MatMulCpu(MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_);
+    if (reduce) {
+      if (auto s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n * E)}); !s.ok())
+        return s;
+    }
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   }
   cache.set_size(pos0 + n);
+  return absl::OkStatus();
 }
 
 }  // namespace kvmesh::worker

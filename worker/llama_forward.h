@@ -2,6 +2,11 @@
 // the KV cache -> output projection -> residual -> RMSNorm -> SwiGLU MLP -> residual, then the
 // final norm and the (tied) LM head.
 //
+// With a tensor-parallel shard, each rank runs its slice of every layer and the partial outputs
+// of the O and down projections are summed over `comm` (two all-reduces per layer); the LM
+// head's vocabulary slices are gathered on rank 0. Every rank of the group must make the same
+// sequence of Forward calls.
+//
 // Holds scratch buffers, so one LlamaForward serves one thread at a time.
 #pragma once
 
@@ -10,9 +15,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "comm/communicator.h"
 #include "kernels/thread_pool.h"
 #include "kvstore/kv_cache.h"
 #include "model/llama_model.h"
+#include "model/shard.h"
 
 namespace kvmesh::worker {
 
@@ -20,18 +27,32 @@ class LlamaForward {
  public:
   // Prefill is processed in micro-batches of at most max_batch tokens (bounds scratch memory).
   LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool, int64_t max_batch = 512);
+  // A tensor-parallel rank: `shard` says which slice; `comm` is the TP group (size tp_size).
+  LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
+               const model::TpShard& shard, comm::Communicator* comm, int64_t max_batch = 512);
+
+  // KV heads this rank caches (the KvCache passed to Forward must have this many).
+  int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
+  const model::TpShard& shard() const { return shard_; }
 
   // Runs `tokens` at positions [cache.size(), cache.size() + n), appends their K/V to the cache
-  // and, if logits is non-empty (n_vocab floats), writes the logits of the last token.
+  // and, if logits is non-empty (n_vocab floats), writes the logits of the last token (on TP
+  // rank 0; whether logits is empty must agree across the group).
   // InvalidArgument for a token id outside the vocabulary; ResourceExhausted if the cache is full.
   // Nothing is appended to the cache on error.
   absl::Status Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,
                        std::span<float> logits);
 
  private:
-  void Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache);
+  absl::Status Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache);
 
   const model::LlamaModel& model_;
+  model::TpShard shard_;
+  comm::Communicator* comm_ = nullptr;     // null: one rank
+  std::vector<model::LlamaLayer> layers_;  // this rank's views
+  kernels::WeightMatrix output_;
+  std::vector<float> local_logits_;
+  std::vector<int> vocab_counts_;
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;

@@ -15,6 +15,15 @@ class SelfCommunicator final : public Communicator {
     return absl::OkStatus();
   }
   absl::Status Barrier() override { return absl::OkStatus(); }
+  absl::Status GatherV(std::span<const float> mine, std::span<float> all,
+                       std::span<const int> counts, int root) override {
+    if (root != 0 || counts.size() != 1 || counts[0] != static_cast<int>(mine.size()) ||
+        all.size() < mine.size()) {
+      return absl::InvalidArgumentError("gather: counts do not match a 1-rank group");
+    }
+    std::copy(mine.begin(), mine.end(), all.begin());
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace

@@ -64,9 +64,16 @@ void AttendRange(const AttentionArgs& a, const cpu::Primitives& p, const float* 
 
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
   const auto& p = cpu::Prims();
-  const int64_t group = a.n_heads / a.n_kv_heads;
+  const int64_t group = a.group > 0 ? a.group : a.n_heads / a.n_kv_heads;
   const int64_t d = a.head_dim;
   const int64_t rec = 2 + d;
+  // Local query heads [first, last) of local KV head kvh.
+  auto heads_of = [&](int64_t kvh) {
+    const int64_t g = a.kv_head0 + kvh;
+    const int64_t first = std::max(a.q_head0, g * group) - a.q_head0;
+    const int64_t last = std::min(a.q_head0 + a.n_heads, (g + 1) * group) - a.q_head0;
+    return std::pair<int64_t, int64_t>{first, last};
+  };
   // Work units are (token, kv head, key split). Decode has few (token, kv head) pairs, so the
   // keys are split across threads (flash-decoding) and the partial softmaxes merged after.
   const int64_t pairs = a.tokens * a.n_kv_heads;
@@ -85,15 +92,17 @@ void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t pair = u / splits, s = u % splits;
       const int64_t t = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
+      const auto [h0, h1] = heads_of(kvh);
+      if (h1 <= h0) continue;
       const int64_t n_keys = a.pos0 + t + 1;
       const int64_t j_begin = n_keys * s / splits, j_end = n_keys * (s + 1) / splits;
-      const float* q = a.q + (t * a.n_heads + kvh * group) * d;
+      const float* q = a.q + (t * a.n_heads + h0) * d;
       float* rec_out = splits > 1 ? scratch.data() + u * group * rec : local.data();
-      AttendRange(a, p, q, group, a.k + kvh * d, a.v + kvh * d, j_begin, j_end, rec_out);
+      AttendRange(a, p, q, h1 - h0, a.k + kvh * d, a.v + kvh * d, j_begin, j_end, rec_out);
       if (splits == 1) {
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = 0; g < h1 - h0; ++g) {
           const float* r = rec_out + g * rec;
-          float* o = a.out + (t * a.n_heads + kvh * group + g) * d;
+          float* o = a.out + (t * a.n_heads + h0 + g) * d;
           const float inv = 1.0f / r[1];
           for (int64_t i = 0; i < d; ++i) o[i] = r[2 + i] * inv;
         }
@@ -104,11 +113,13 @@ void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
   // Merge the splits of each (token, head): rescale every partial to the common max.
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t t = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
-    for (int64_t g = 0; g < group; ++g) {
+    const auto [h0, h1] = heads_of(kvh);
+    for (int64_t g = 0; g < h1 - h0; ++g) {
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < splits; ++s)
+      for (int64_t s = 0; s < splits; ++s) {
         m = std::max(m, scratch[((pair * splits + s) * group + g) * rec]);
-      float* o = a.out + (t * a.n_heads + kvh * group + g) * d;
+      }
+      float* o = a.out + (t * a.n_heads + h0 + g) * d;
       std::fill(o, o + d, 0.0f);
       float l = 0.0f;
       for (int64_t s = 0; s < splits; ++s) {

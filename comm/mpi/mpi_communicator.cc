@@ -1,0 +1,111 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "util/str_cat.h"
+
+// Converts an MPI return code into a status naming the call, once, at the call site.
+#define KVMESH_MPI_RETURN_IF_ERROR(expr)                                         \
+  do {                                                                           \
+    const int kvmesh_mpi_rc = (expr);                                            \
+    if (kvmesh_mpi_rc != MPI_SUCCESS)                                            \
+      return ::kvmesh::comm::MpiError(kvmesh_mpi_rc, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+namespace kvmesh::comm {
+
+absl::Status MpiError(int rc, const char* expr, const char* file, int line) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return absl::UnavailableError(
+      StrCat("MPI error in ", expr, " (", file, ":", line, "): ", std::string(msg, len)));
+}
+
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status AllReduceSum(std::span<float> buf) override {
+    if (size_ == 1) return absl::OkStatus();
+    KVMESH_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()),
+                                             MPI_FLOAT, MPI_SUM, comm_));
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(std::span<uint8_t> buf, int root) override {
+    if (root < 0 || root >= size_)
+      return absl::InvalidArgumentError(
+          StrCat("broadcast root ", root, " outside a ", size_, "-rank group"));
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, root, comm_));
+    return absl::OkStatus();
+  }
+  absl::Status GatherV(std::span<const float> mine, std::span<float> all,
+                       std::span<const int> counts, int root) override {
+    if (static_cast<int>(counts.size()) != size_ ||
+        counts[rank_] != static_cast<int>(mine.size())) {
+      return absl::InvalidArgumentError("gather: counts do not match the group");
+    }
+    std::vector<int> displs(size_, 0);
+    for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    if (rank_ == root && all.size() < static_cast<size_t>(displs[size_ - 1] + counts[size_ - 1])) {
+      return absl::InvalidArgumentError("gather: receive buffer too small");
+    }
+    KVMESH_MPI_RETURN_IF_ERROR(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT,
+                                           all.data(), counts.data(), displs.data(), MPI_FLOAT,
+                                           root, comm_));
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override {
+    KVMESH_MPI_RETURN_IF_ERROR(MPI_Barrier(comm_));
+    return absl::OkStatus();
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool MpiRuntime::LaunchedWithMultipleRanks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Init(int* argc, char*** argv) {
+  int provided = 0;
+  KVMESH_MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  std::unique_ptr<MpiRuntime> r(new MpiRuntime());
+  MPI_Comm_rank(MPI_COMM_WORLD, &r->rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &r->size_);
+  return r;
+}
+
+MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(int color, int key) {
+  MPI_Comm comm;
+  KVMESH_MPI_RETURN_IF_ERROR(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(comm));
+}
+
+}  // namespace kvmesh::comm

@@ -1,0 +1,94 @@
+#include "model/shard.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::model {
+namespace {
+
+// [begin, end) of part `i` of `n` split into `parts` as evenly as possible, in units of `unit`.
+std::pair<int64_t, int64_t> EvenSplit(int64_t n, int parts, int i, int64_t unit = 1) {
+  const int64_t units = n / unit;
+  const int64_t per = units / parts, extra = units % parts;
+  const int64_t b = i * per + std::min<int64_t>(i, extra);
+  const int64_t e = b + per + (i < extra ? 1 : 0);
+  return {b * unit, i == parts - 1 ? n : e * unit};
+}
+
+kernels::WeightMatrix Rows(const kernels::WeightMatrix& w, int64_t r0, int64_t r1) {
+  kernels::WeightMatrix s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes;
+  s.rows = r1 - r0;
+  return s;
+}
+
+// Columns [c0, c1) of every row: c0 and c1 are whole blocks, so each row's slice is one
+// contiguous run of blocks; the row stride stays that of the full matrix.
+kernels::WeightMatrix Cols(const kernels::WeightMatrix& w, int64_t c0, int64_t c1) {
+  kernels::WeightMatrix s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + kernels::RowBytes(w.type, c0);
+  s.cols = c1 - c0;
+  return s;
+}
+
+}  // namespace
+
+std::string TpShard::Describe() const {
+  return StrCat("tp rank ", tp_rank, "/", tp_size, ": query heads [", q_head_begin, ",", q_head_end,
+                "), kv heads [", kv_head_begin, ",", kv_head_end, "), ffn columns [", ff_begin, ",",
+                ff_end, "), vocab rows [", vocab_begin, ",", vocab_end, ")");
+}
+
+absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_size) {
+  const LlamaConfig& c = m.config();
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(StrCat("tp rank ", tp_rank, " is outside tp size ", tp_size));
+  }
+  if (tp_size > c.n_heads) {
+    return absl::InvalidArgumentError(
+        StrCat("--tp ", tp_size, " is larger than the model's ", c.n_heads, " query heads"));
+  }
+  // Column slices must not cut a quantisation block of O or down.
+  const int64_t down_block = kernels::TraitsOf(m.layer(0).w_down.type).block_elems;
+  const int64_t o_block = kernels::TraitsOf(m.layer(0).wo.type).block_elems;
+  if (c.n_ff / down_block < tp_size) {
+    return absl::InvalidArgumentError(StrCat("--tp ", tp_size, ": the MLP width ", c.n_ff,
+                                             " has fewer than ", tp_size, " blocks of ",
+                                             down_block));
+  }
+  TpShard s;
+  s.tp_rank = tp_rank;
+  s.tp_size = tp_size;
+  s.group = c.n_heads / c.n_kv_heads;
+  std::tie(s.q_head_begin, s.q_head_end) = EvenSplit(c.n_heads, tp_size, tp_rank);
+  s.kv_head_begin = s.q_head_begin / s.group;
+  s.kv_head_end = (s.q_head_end - 1) / s.group + 1;
+  std::tie(s.ff_begin, s.ff_end) = EvenSplit(c.n_ff, tp_size, tp_rank, down_block);
+  if ((s.q_head_begin * c.head_dim) % o_block != 0 || (s.q_head_end * c.head_dim) % o_block != 0) {
+    return absl::InvalidArgumentError(StrCat("--tp ", tp_size, ": head boundaries cut the ",
+                                             o_block, "-element blocks of attn_output"));
+  }
+  std::tie(s.vocab_begin, s.vocab_end) = EvenSplit(c.n_vocab, tp_size, tp_rank);
+  return s;
+}
+
+LlamaLayer SliceLayer(const LlamaLayer& f, const LlamaConfig& c, const TpShard& s) {
+  const int64_t hd = c.head_dim;
+  LlamaLayer l = f;
+  l.wq = Rows(f.wq, s.q_head_begin * hd, s.q_head_end * hd);
+  l.wk = Rows(f.wk, s.kv_head_begin * hd, s.kv_head_end * hd);
+  l.wv = Rows(f.wv, s.kv_head_begin * hd, s.kv_head_end * hd);
+  l.wo = Cols(f.wo, s.q_head_begin * hd, s.q_head_end * hd);
+  l.w_gate = Rows(f.w_gate, s.ff_begin, s.ff_end);
+  l.w_up = Rows(f.w_up, s.ff_begin, s.ff_end);
+  l.w_down = Cols(f.w_down, s.ff_begin, s.ff_end);
+  return l;
+}
+
+kernels::WeightMatrix SliceOutput(const kernels::WeightMatrix& out, const TpShard& s) {
+  return Rows(out, s.vocab_begin, s.vocab_end);
+}
+
+}  // namespace kvmesh::model

@@ -1,0 +1,39 @@
+// How one tensor-parallel rank's share of a Llama model is cut (Megatron style).
+//
+// Query heads are split as evenly as possible (9 heads over 2 ranks: 5 + 4); a rank holds the
+// KV heads its query heads use, so a KV head whose group straddles two ranks is held by both
+// (and with tp > n_kv_heads, KV heads are replicated). Q/K/V and gate/up are split by rows
+// (output features), O and down by columns (input features), so each layer needs two
+// all-reduces. The LM head is split by vocabulary rows and gathered; the token embedding is
+// replicated (one row per token is read, so splitting it would save memory but cost a
+// collective per step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/llama_model.h"
+
+namespace kvmesh::model {
+
+struct TpShard {
+  int tp_rank = 0, tp_size = 1;
+  int64_t q_head_begin = 0, q_head_end = 0;    // global query heads [begin, end)
+  int64_t kv_head_begin = 0, kv_head_end = 0;  // global KV heads this rank holds
+  int64_t ff_begin = 0, ff_end = 0;            // columns of the MLP hidden layer
+  int64_t vocab_begin = 0, vocab_end = 0;      // rows of the LM head
+  int64_t group = 1;                           // query heads per KV head (global)
+  std::string Describe() const;                // one line, for --print-plan
+};
+
+// InvalidArgument if the model cannot be split this way (tp larger than the query-head count,
+// or column slices of O / down that would cut a quantisation block).
+absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_size);
+
+// The rank's views of layer l's weights: the same LlamaLayer shape, rows or columns sliced.
+LlamaLayer SliceLayer(const LlamaLayer& full, const LlamaConfig& c, const TpShard& s);
+// The rank's rows of the LM head.
+kernels::WeightMatrix SliceOutput(const kernels::WeightMatrix& out, const TpShard& s);
+
+}  // namespace kvmesh::model

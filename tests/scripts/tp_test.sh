@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Tensor parallelism across MPI ranks on the real model: greedy tokens identical to the
+# single-process engine and last-position logits within 1e-3 relative L2, for tp = 1..4; the
+# launch errors (world size, tp > heads, a rank that cannot read the model, --pp) reported on
+# every rank with a non-zero exit; and a rank killed mid-generation ends the job promptly.
+# Usage: tp_test.sh KVMESH_BINARY
+set -uo pipefail
+bin="$1"
+model="${KVMESH_MODEL:-${KVMESH_CACHE:-$HOME/.cache/kvmesh}/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [[ ! -f "$model" ]]; then echo "SKIP: model not pulled ($model)"; exit 77; fi
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed"; exit 77; }
+mpi=(mpirun --oversubscribe --bind-to none)
+[[ "$(id -u)" == 0 ]] && mpi+=(--allow-run-as-root)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+prompts=("The capital of France is"
+         "<|im_start|>user
+Write a haiku about caches.<|im_end|>
+<|im_start|>assistant
+")
+common=(--model "$model" --temperature 0 --max-tokens 24 --json --threads 1)
+
+for i in "${!prompts[@]}"; do
+  p="${prompts[$i]}"
+  "$bin" run "${common[@]}" --prompt "$p" >"$work/ref.$i.json" || fail "single-process run"
+  "$bin" logits --model "$model" --threads 1 --top-k 49152 --prompt "$p" >"$work/ref.$i.logits" || fail "single-process logits"
+  for tp in 1 2 3 4; do
+    "${mpi[@]}" -np "$tp" "$bin" run --tp "$tp" "${common[@]}" --prompt "$p" >"$work/tp$tp.$i.json" 2>"$work/err" ||
+      fail "tp=$tp run: $(tail -n 5 "$work/err")"
+    "${mpi[@]}" -np "$tp" "$bin" logits --tp "$tp" --model "$model" --threads 1 --top-k 49152 --prompt "$p" \
+      >"$work/tp$tp.$i.logits" 2>"$work/err" || fail "tp=$tp logits: $(tail -n 5 "$work/err")"
+    python3 - "$work/ref.$i.json" "$work/tp$tp.$i.json" "$work/ref.$i.logits" "$work/tp$tp.$i.logits" "$tp" <<'PY' || exit 1
+import json, math, sys
+ref, got = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+if ref["tokens"] != got["tokens"]:
+    sys.exit(f"FAIL: tp={sys.argv[5]} tokens {got['tokens']} != single-process {ref['tokens']}")
+a = dict((i, v) for i, v in json.load(open(sys.argv[3])))
+b = dict((i, v) for i, v in json.load(open(sys.argv[4])))
+assert len(a) == len(b) == 49152, (len(a), len(b))
+num = sum((b[i] - a[i]) ** 2 for i in a)
+den = sum(v * v for v in a.values())
+rel = math.sqrt(num / den)
+print(f"tp={sys.argv[5]}: {len(got['tokens'])} tokens identical, logits rel L2 {rel:.2e}")
+if rel >= 1e-3:
+    sys.exit(f"FAIL: tp={sys.argv[5]} logits rel L2 {rel}")
+PY
+  done
+done
+
+# --print-plan shows a balanced split for tp = 2 (9 query heads: 5 + 4).
+"${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --prompt hi --max-tokens 1 --print-plan >/dev/null 2>"$work/plan" || fail "print-plan"
+grep -q "rank 0: tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+grep -q "rank 1: tp rank 1/2: query heads \[5,9), kv heads \[1,3)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+
+# Launch errors: the same one-line error on every rank, non-zero exit, no hang.
+expect_all() {  # expect_all NEEDLE N_RANKS -- command...
+  local needle="$1" n="$2"; shift 3
+  timeout 60 "$@" >"$work/out" 2>"$work/err" && fail "'$needle' case exited 0"
+  local got
+  got="$(grep -c -- "$needle" "$work/err")"
+  [[ "$got" -ge "$n" ]] || fail "'$needle' printed by $got of $n ranks: $(head -n 5 "$work/err")"
+}
+expect_all "world size 3 does not match dp x pp x tp = 1 x 1 x 2" 3 -- \
+  "${mpi[@]}" -np 3 "$bin" run --tp 2 --model "$model" --prompt x
+expect_all "is larger than the model's 9 query heads" 10 -- \
+  "${mpi[@]}" -np 10 "$bin" run --tp 10 --model "$model" --prompt x --threads 1
+expect_all "rank 1: cannot open model file '/nonexistent/model.gguf'" 2 -- \
+  "${mpi[@]}" -np 1 "$bin" run --tp 2 --model "$model" --prompt x : -np 1 "$bin" run --tp 2 --model /nonexistent/model.gguf --prompt x
+expect_all "pipeline parallelism is not implemented yet" 2 -- \
+  "${mpi[@]}" -np 2 "$bin" run --tp 1 --pp 2 --model "$model" --prompt x
+
+# A rank killed mid-generation: the job ends within 30 s, naming the lost rank.
+"${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --threads 1 --temperature 0.9 --seed 1 \
+  --max-tokens 8000 --ignore-eos --prompt "Tell me a very long story." >"$work/out" 2>"$work/err" &
+job=$!
+victim=""
+for _ in $(seq 1 100); do
+  for pid in $(pgrep -f "kvmesh run --tp 2"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+  done
+  [[ -n "$victim" ]] && break
+  sleep 0.1
+done
+[[ -n "$victim" ]] || fail "could not find rank 1"
+sleep 2
+kill -9 "$victim"
+start=$SECONDS
+for _ in $(seq 1 300); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$job" 2>/dev/null; then kill -9 "$job"; fail "job still running 30 s after rank 1 was killed"; fi
+wait "$job" && fail "job exited 0 after losing rank 1"
+grep -qi "rank 1" "$work/err" || fail "the lost rank is not named: $(tail -n 5 "$work/err")"
+echo "rank death: job ended $((SECONDS - start)) s after rank 1 was killed"
+echo "tp: all cases passed"
