@@ -239,6 +239,9 @@ int RunLeader(const Flags& flags, worker::Engine& e, worker::GenerateRequest req
     j["prefill_tokens_per_s"] = r->prefill_ms > 0 ? r->prompt_tokens * 1000.0 / r->prefill_ms : 0.0;
     j["decode_tokens_per_s"] = r->decode_ms > 0 ? n_dec * 1000.0 / r->decode_ms : 0.0;
     j["threads"] = e.threads();
+    j["tp"] = e.shard().tp_size;
+    j["comm_ms"] = r->comm_ms;
+    j["comm_calls"] = r->comm_calls;
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";

@@ -137,6 +137,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
   r.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   r.stop_reason = "length";
 
+  const double comm0 = forward_->comm_seconds();
+  const int64_t calls0 = forward_->comm_calls();
   auto t0 = std::chrono::steady_clock::now();
   if (auto s = Step(Op::kReset, {}, {}); !s.ok()) return s;
   if (auto s = Step(Op::kForward, req.prompt, logits); !s.ok()) return s;
@@ -157,6 +159,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
     if (auto s = Step(Op::kForward, one, logits); !s.ok()) return s;
   }
   r.decode_ms = MsSince(t0);
+  r.comm_ms = (forward_->comm_seconds() - comm0) * 1e3;
+  r.comm_calls = forward_->comm_calls() - calls0;
   r.text = tokenizer_->Decode(r.tokens);
   return r;
 }

@@ -45,6 +45,8 @@ struct GenerateResult {
   std::string text;             // detokenised generated text (without control tokens)
   std::string stop_reason;      // "eos" or "length"
   double prefill_ms = 0, decode_ms = 0;
+  double comm_ms = 0;  // time in TP collectives during this request (0 with one rank)
+  int64_t comm_calls = 0;
   int64_t prompt_tokens = 0;
 };
 

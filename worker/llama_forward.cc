@@ -1,6 +1,7 @@
 #include "worker/llama_forward.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "kernels/matmul.h"
@@ -61,10 +62,27 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
       local_logits_.resize(output_.rows);
       kernels::MatMulCpu(MatMulArgs{output_, h.data(), local_logits_.data(), 1, output_.rows},
                          pool_);
-      if (auto s = comm_->GatherV(local_logits_, logits, vocab_counts_, 0); !s.ok()) return s;
+      const auto t0 = std::chrono::steady_clock::now();
+      const absl::Status s = comm_->GatherV(local_logits_, logits, vocab_counts_, 0);
+      CountComm(t0);
+      if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();
+}
+
+void LlamaForward::CountComm(std::chrono::steady_clock::time_point t0) {
+  comm_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  ++comm_calls_;
+}
+
+absl::Status LlamaForward::AllReduce(int64_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n)});
+  CountComm(t0);
+  return s;
 }
 
 absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache) {

@@ -10,6 +10,7 @@
 // Holds scratch buffers, so one LlamaForward serves one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -34,6 +35,10 @@ class LlamaForward {
   // KV heads this rank caches (the KvCache passed to Forward must have this many).
   int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
   const model::TpShard& shard() const { return shard_; }
+  // Wall time spent inside collectives (all-reduces and the logits gather) since construction,
+  // including waiting for slower ranks.
+  double comm_seconds() const { return comm_ns_ * 1e-9; }
+  int64_t comm_calls() const { return comm_calls_; }
 
   // Runs `tokens` at positions [cache.size(), cache.size() + n), appends their K/V to the cache
   // and, if logits is non-empty (n_vocab floats), writes the logits of the last token (on TP
@@ -45,6 +50,8 @@ class LlamaForward {
 
  private:
   absl::Status Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache);
+  absl::Status AllReduce(int64_t n);  // sums tmp_[0, n) over the TP group
+  void CountComm(std::chrono::steady_clock::time_point t0);
 
   const model::LlamaModel& model_;
   model::TpShard shard_;
@@ -53,6 +60,7 @@ class LlamaForward {
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;
   std::vector<int> vocab_counts_;
+  int64_t comm_ns_ = 0, comm_calls_ = 0;
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
