@@ -23,6 +23,10 @@ class Communicator {
   // Copies root's bytes into every rank's buf (same length everywhere).
   virtual absl::Status Broadcast(std::span<uint8_t> buf, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // Point to point (pipeline stages): blocks until `buf` is sent / filled. `tag` separates
+  // streams; a Recv must match the Send's length.
+  virtual absl::Status Send(std::span<const float> buf, int dst, int tag) = 0;
+  virtual absl::Status Recv(std::span<float> buf, int src, int tag) = 0;
   // The root receives every rank's `mine` concatenated in rank order into `all`; counts[r] is
   // rank r's length and must be the same list on every rank. `all` is unused on other ranks.
   virtual absl::Status GatherV(std::span<const float> mine, std::span<float> all,

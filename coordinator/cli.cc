@@ -34,8 +34,8 @@ constexpr char kUsage[] =
     "usage: kvmesh <command> [flags]\n"
     "  run       --prompt TEXT [--model PATH] [--chat] [--max-tokens N] [--temperature T]\n"
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
-    "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--print-plan]\n"
-    "            (tensor parallel: mpirun -np T kvmesh run --tp T ...)\n"
+    "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
+    "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
     "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
     "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
@@ -61,21 +61,22 @@ std::string ModelPath(const Flags& f) {
 // (world = dp x pp x tp with dp = pp = 1 for now; rank 0 is the coordinator and TP rank 0).
 struct Launch {
   std::unique_ptr<comm::MpiRuntime> mpi;
-  std::unique_ptr<comm::Communicator> tp_comm;
+  std::unique_ptr<comm::Communicator> tp_comm, world_comm;
   std::unique_ptr<worker::Engine> engine;
-  int rank = 0, world = 1;
+  int rank = 0, world = 1, tp = 1, pp = 1;
   ~Launch() {
     engine.reset();
     tp_comm.reset();  // before MPI_Finalize
+    world_comm.reset();
   }
 };
 
 // Every rank agrees on whether any rank failed; all print the error of the lowest failing rank.
 absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
-  if (l.tp_comm == nullptr || l.world == 1) return mine;
+  if (l.world_comm == nullptr || l.world == 1) return mine;
   std::vector<float> failed(l.world, 0.0f);
   failed[l.rank] = mine.ok() ? 0.0f : 1.0f;
-  if (auto s = l.tp_comm->AllReduceSum(failed); !s.ok()) return s;
+  if (auto s = l.world_comm->AllReduceSum(failed); !s.ok()) return s;
   int first = -1;
   for (int r = 0; r < l.world && first < 0; ++r) {
     if (failed[r] > 0) first = r;
@@ -86,7 +87,7 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
     const std::string m = StrCat("rank ", first, ": ", mine.message());
     msg.replace(0, std::min(m.size(), msg.size() - 1), m.substr(0, msg.size() - 1));
   }
-  if (auto s = l.tp_comm->Broadcast({reinterpret_cast<uint8_t*>(msg.data()), msg.size()}, first);
+  if (auto s = l.world_comm->Broadcast({reinterpret_cast<uint8_t*>(msg.data()), msg.size()}, first);
       !s.ok())
     return s;
   return absl::Status(l.rank == first ? mine.code() : absl::StatusCode::kAborted, msg.c_str());
@@ -101,11 +102,9 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!tp.ok()) return tp.status();
   auto pp = f.Int("pp", 1, 1, 4096);
   if (!pp.ok()) return pp.status();
-  if (*pp > 1) {
-    return absl::UnimplementedError(
-        "--pp > 1: pipeline parallelism is not implemented yet (tensor parallelism is: --tp)");
-  }
-  if (*tp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
+  l.tp = static_cast<int>(*tp);
+  l.pp = static_cast<int>(*pp);
+  if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
     auto mpi = comm::MpiRuntime::Init(nullptr, nullptr);
     if (!mpi.ok()) return mpi.status();
     l.mpi = std::move(*mpi);
@@ -116,15 +115,21 @@ absl::Status SetUp(const Flags& f, Launch& l) {
                                                " does not match dp x pp x tp = 1 x ", *pp, " x ",
                                                *tp, " (launch with mpirun -np ", *tp * *pp, ")"));
     }
-    auto comm = comm::CreateMpiCommunicator(0, l.rank);
-    if (!comm.ok()) return comm.status();
-    l.tp_comm = std::move(*comm);
+    // TP groups are the ranks of one stage; the world carries steps and stage-to-stage sends.
+    auto tp_comm = comm::CreateMpiCommunicator(l.rank / l.tp, l.rank % l.tp);
+    if (!tp_comm.ok()) return tp_comm.status();
+    l.tp_comm = std::move(*tp_comm);
+    auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
+    if (!world_comm.ok()) return world_comm.status();
+    l.world_comm = std::move(*world_comm);
   }
   worker::EngineOptions o;
   o.model_path = ModelPath(f);
   o.threads = static_cast<int>(*threads);
   o.ctx_size = *ctx;
   o.tp_comm = l.tp_comm.get();
+  o.world_comm = l.world_comm.get();
+  o.pp = l.pp;
   auto e = worker::Engine::Create(o);
   absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
@@ -134,12 +139,14 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   l.engine = std::move(*e);
   if (f.Has("print-plan") && l.rank == 0) {
     const auto& m = l.engine->model();
-    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp 1 x tp " << l.world
-              << "; rank 0 coordinates and is TP rank 0; layers [0," << m.config().n_layers
-              << ") on every rank\n";
+    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp " << l.pp << " x tp " << l.tp
+              << "; rank 0 coordinates and is TP rank 0 of stage 0\n";
     for (int r = 0; r < l.world; ++r) {
-      std::cerr << "kvmesh: plan: rank " << r << ": "
-                << model::MakeTpShard(m, r, l.world)->Describe() << "\n";
+      const auto st = model::MakePipelineStage(m.config(), r / l.tp, l.pp);
+      if (!st.ok()) continue;
+      std::cerr << "kvmesh: plan: rank " << r << ": stage " << st->stage << " layers ["
+                << st->layer_begin << "," << st->layer_end << "), "
+                << model::MakeTpShard(m, r % l.tp, l.tp)->Describe() << "\n";
     }
   }
   return absl::OkStatus();

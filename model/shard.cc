@@ -74,6 +74,22 @@ absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_siz
   return s;
 }
 
+absl::StatusOr<PipelineStage> MakePipelineStage(const LlamaConfig& c, int stage, int n_stages) {
+  if (n_stages < 1 || stage < 0 || stage >= n_stages) {
+    return absl::InvalidArgumentError(
+        StrCat("pipeline stage ", stage, " is outside pp ", n_stages));
+  }
+  if (n_stages > c.n_layers) {
+    return absl::InvalidArgumentError(
+        StrCat("--pp ", n_stages, " is larger than the model's ", c.n_layers, " layers"));
+  }
+  PipelineStage p;
+  p.stage = stage;
+  p.n_stages = n_stages;
+  std::tie(p.layer_begin, p.layer_end) = EvenSplit(c.n_layers, n_stages, stage);
+  return p;
+}
+
 LlamaLayer SliceLayer(const LlamaLayer& f, const LlamaConfig& c, const TpShard& s) {
   const int64_t hd = c.head_dim;
   LlamaLayer l = f;

@@ -27,6 +27,16 @@ struct TpShard {
   std::string Describe() const;                // one line, for --print-plan
 };
 
+// A pipeline stage: a contiguous range of layers (split as evenly as possible). The first stage
+// embeds the tokens; the last applies the final norm and the LM head.
+struct PipelineStage {
+  int stage = 0, n_stages = 1;
+  int64_t layer_begin = 0, layer_end = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == n_stages - 1; }
+};
+absl::StatusOr<PipelineStage> MakePipelineStage(const LlamaConfig& c, int stage, int n_stages);
+
 // InvalidArgument if the model cannot be split this way (tp larger than the query-head count,
 // or column slices of O / down that would cut a quantisation block).
 absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_size);

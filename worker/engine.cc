@@ -33,11 +33,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->pool_ = std::make_unique<kernels::ThreadPool>(
       opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
   e->comm_ = opts.tp_comm;
+  e->world_ = opts.world_comm;
   const int tp_rank = e->comm_ ? e->comm_->rank() : 0;
   const int tp_size = e->comm_ ? e->comm_->size() : 1;
+  const int world_rank = e->world_ ? e->world_->rank() : 0;
+  const int world_size = e->world_ ? e->world_->size() : 1;
+  if (world_size != opts.pp * tp_size || world_rank % tp_size != tp_rank) {
+    return absl::InvalidArgumentError(
+        StrCat("world of ", world_size, " ranks is not pp ", opts.pp, " x tp ", tp_size));
+  }
   auto shard = model::MakeTpShard(*e->model_, tp_rank, tp_size);
   if (!shard.ok()) return shard.status();
-  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_, *shard, e->comm_);
+  const int stage = world_rank / tp_size;
+  auto st = model::MakePipelineStage(e->model_->config(), stage, opts.pp);
+  if (!st.ok()) return st.status();
+  PipelinePlace place;
+  place.stage = *st;
+  place.world = e->world_;
+  if (!st->first()) place.prev = world_rank - tp_size;
+  if (!st->last()) place.next = world_rank + tp_size;
+  const int last_tp0 = (opts.pp - 1) * tp_size;
+  if (opts.pp > 1 && world_rank == last_tp0) place.logits_to = 0;
+  if (opts.pp > 1 && world_rank == 0) place.logits_from = last_tp0;
+  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_, *shard, e->comm_, place);
   return e;
 }
 
@@ -45,8 +63,8 @@ absl::Status Engine::Execute(Op op, std::span<const int32_t> tokens, std::span<f
   const auto& c = model_->config();
   switch (op) {
     case Op::kReset:
-      cache_ = std::make_unique<kvstore::KvCache>(c.n_layers, forward_->n_kv_heads(), c.head_dim,
-                                                  ctx_size_);
+      cache_ = std::make_unique<kvstore::KvCache>(forward_->n_layers(), forward_->n_kv_heads(),
+                                                  c.head_dim, ctx_size_);
       return absl::OkStatus();
     case Op::kForward:
       if (!cache_) return absl::FailedPreconditionError("forward before reset");
@@ -58,16 +76,16 @@ absl::Status Engine::Execute(Op op, std::span<const int32_t> tokens, std::span<f
 }
 
 absl::Status Engine::Step(Op op, std::span<const int32_t> tokens, std::span<float> logits) {
-  if (comm_ != nullptr && comm_->size() > 1) {
+  if (world_ != nullptr && world_->size() > 1) {
     // Header: op, token count, whether logits are wanted; then the tokens.
     int32_t hdr[3] = {static_cast<int32_t>(op), static_cast<int32_t>(tokens.size()),
                       logits.empty() ? 0 : 1};
-    if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
+    if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
       return s;
     }
     if (!tokens.empty()) {
       std::vector<int32_t> copy(tokens.begin(), tokens.end());
-      if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(copy.data()), copy.size() * 4}, 0);
+      if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(copy.data()), copy.size() * 4}, 0);
           !s.ok()) {
         return s;
       }
@@ -77,12 +95,12 @@ absl::Status Engine::Step(Op op, std::span<const int32_t> tokens, std::span<floa
 }
 
 absl::Status Engine::ServeFollower() {
-  if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+  if (world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   std::vector<int32_t> tokens;
   std::vector<float> logits(model_->config().n_vocab);
   for (;;) {
     int32_t hdr[3];
-    if (auto s = comm_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
+    if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
       return s;
     }
     const Op op = static_cast<Op>(hdr[0]);
@@ -91,7 +109,7 @@ absl::Status Engine::ServeFollower() {
     tokens.resize(hdr[1]);
     if (!tokens.empty()) {
       if (auto s =
-              comm_->Broadcast({reinterpret_cast<uint8_t*>(tokens.data()), tokens.size() * 4}, 0);
+              world_->Broadcast({reinterpret_cast<uint8_t*>(tokens.data()), tokens.size() * 4}, 0);
           !s.ok()) {
         return s;
       }
@@ -105,7 +123,7 @@ absl::Status Engine::ServeFollower() {
 }
 
 absl::Status Engine::StopFollowers() {
-  if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+  if (world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   return Step(Op::kStop, {}, {});
 }
 

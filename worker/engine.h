@@ -2,9 +2,10 @@
 // and forward pass, and runs one request at a time (prefill, then sampled decode until an
 // end-of-generation token or the token limit).
 //
-// Tensor parallel: every rank of the TP group creates an Engine with the group's communicator.
-// Rank 0 (the leader) serves requests; each forward step is broadcast to the other ranks, which
-// run ServeFollower() until the leader calls StopFollowers().
+// Tensor and pipeline parallel: every rank creates an Engine with its TP group and the world.
+// World rank r is TP rank r % tp of stage r / tp. World rank 0 (the leader) serves requests;
+// each forward step is broadcast to the other ranks, which run ServeFollower() until the leader
+// calls StopFollowers().
 //
 // Not thread safe: one request at a time. The serving engine (continuous batching) builds on
 // the same LlamaForward and KV cache.
@@ -28,9 +29,11 @@ namespace kvmesh::worker {
 
 struct EngineOptions {
   std::string model_path;
-  int threads = 0;                        // 0: the CPUs this process may use
-  int64_t ctx_size = 0;                   // 0: the model's training context
-  comm::Communicator* tp_comm = nullptr;  // the TP group (not owned); null: one rank
+  int threads = 0;                           // 0: the CPUs this process may use
+  int64_t ctx_size = 0;                      // 0: the model's training context
+  comm::Communicator* tp_comm = nullptr;     // this rank's TP group (not owned); null: one rank
+  comm::Communicator* world_comm = nullptr;  // every rank (not owned): steps and pipeline links
+  int pp = 1;                                // pipeline stages; world = pp x tp
 };
 
 struct GenerateRequest {
@@ -73,7 +76,7 @@ class Engine {
   absl::StatusOr<std::vector<float>> LastLogits(const std::vector<int32_t>& prompt);
 
   const model::TpShard& shard() const { return forward_->shard(); }
-  bool is_leader() const { return shard().tp_rank == 0; }
+  bool is_leader() const { return world_ == nullptr || world_->rank() == 0; }
   // Followers (TP rank > 0): execute the leader's steps until it stops them. Blocks.
   absl::Status ServeFollower();
   // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
@@ -94,6 +97,7 @@ class Engine {
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<kvstore::KvCache> cache_;  // the current sequence
   comm::Communicator* comm_ = nullptr;
+  comm::Communicator* world_ = nullptr;
   int64_t ctx_size_ = 0;
 };
 

@@ -16,16 +16,33 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
                            int64_t max_batch)
     : LlamaForward(model, pool, *model::MakeTpShard(model, 0, 1), nullptr, max_batch) {}
 
+namespace {
+constexpr int kTagHidden = 101;  // hidden states between pipeline stages
+constexpr int kTagLogits = 102;  // last-position logits to the leader
+PipelinePlace WholeModel(const model::LlamaModel& m) {
+  PipelinePlace p;
+  p.stage = *model::MakePipelineStage(m.config(), 0, 1);
+  return p;
+}
+}  // namespace
+
 LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                            const model::TpShard& shard, comm::Communicator* comm, int64_t max_batch)
+    : LlamaForward(model, pool, shard, comm, WholeModel(model), max_batch) {}
+
+LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
+                           const model::TpShard& shard, comm::Communicator* comm,
+                           const PipelinePlace& place, int64_t max_batch)
     : model_(model),
       pool_(pool),
       max_batch_(std::max<int64_t>(1, max_batch)),
       shard_(shard),
-      comm_(comm) {
+      comm_(comm),
+      place_(place) {
   const auto& c = model.config();
-  for (int64_t l = 0; l < c.n_layers; ++l)
+  for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
     layers_.push_back(model::SliceLayer(model.layer(l), c, shard));
+  }
   output_ = model::SliceOutput(model.output(), shard);
   for (int r = 0; r < shard.tp_size; ++r) {
     const auto s = model::MakeTpShard(model, r, shard.tp_size);
@@ -51,7 +68,7 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
     const int64_t n = std::min<int64_t>(max_batch_, tokens.size() - b);
     if (auto s = Batch(tokens.data() + b, n, cache); !s.ok()) return s;
   }
-  if (!logits.empty()) {
+  if (!logits.empty() && place_.stage.last()) {
     // x_ holds the last batch's hidden states; only the final token needs the LM head.
     const int64_t last = ((static_cast<int64_t>(tokens.size()) - 1) % max_batch_);
     std::vector<float> h(x_.begin() + last * c.n_embd, x_.begin() + (last + 1) * c.n_embd);
@@ -67,6 +84,12 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
       CountComm(t0);
       if (!s.ok()) return s;
     }
+    if (place_.logits_to >= 0 && shard_.tp_rank == 0) {
+      if (auto s = place_.world->Send(logits, place_.logits_to, kTagLogits); !s.ok()) return s;
+    }
+  }
+  if (!logits.empty() && place_.logits_from >= 0) {
+    if (auto s = place_.world->Recv(logits, place_.logits_from, kTagLogits); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -104,14 +127,21 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
   pos_.resize(n);
   for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(pos0 + t);
 
+  if (!place_.stage.first()) {
+    if (auto s =
+            place_.world->Recv({x_.data(), static_cast<size_t>(n * E)}, place_.prev, kTagHidden);
+        !s.ok()) {
+      return s;
+    }
+  }
   const auto& emb = model_.tok_embd();
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < n && place_.stage.first(); ++t) {
     kernels::DequantizeRow(emb.type,
                            static_cast<const uint8_t*>(emb.data) + tokens[t] * emb.row_bytes,
                            x_.data() + t * E, E);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = 0; l < n_layers(); ++l) {  // l indexes this rank's layers and cache
     const model::LlamaLayer& L = layers_[l];
     kernels::RmsNormCpu({x_.data(), L.attn_norm, xn_.data(), n, E, c.rms_eps});
     const MatMulArgs qkv[] = {{L.wq, xn_.data(), q_.data(), n, H * hd},
@@ -147,6 +177,13 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   }
   cache.set_size(pos0 + n);
+  if (!place_.stage.last()) {
+    if (auto s =
+            place_.world->Send({x_.data(), static_cast<size_t>(n * E)}, place_.next, kTagHidden);
+        !s.ok()) {
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -24,6 +24,15 @@
 
 namespace kvmesh::worker {
 
+// This rank's place in a pipeline: its stage and the world ranks it exchanges with.
+struct PipelinePlace {
+  model::PipelineStage stage;           // n_stages == 1 (the default): every layer, no exchange
+  comm::Communicator* world = nullptr;  // point-to-point between stages (not owned)
+  int prev = -1, next = -1;             // world ranks of this TP rank in the previous / next stage
+  int logits_to = -1;    // on the last stage's TP rank 0: the leader's world rank (if not itself)
+  int logits_from = -1;  // on the leader: the last stage's TP rank 0 (if not itself)
+};
+
 class LlamaForward {
  public:
   // Prefill is processed in micro-batches of at most max_batch tokens (bounds scratch memory).
@@ -31,6 +40,13 @@ class LlamaForward {
   // A tensor-parallel rank: `shard` says which slice; `comm` is the TP group (size tp_size).
   LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                const model::TpShard& shard, comm::Communicator* comm, int64_t max_batch = 512);
+  // A rank of stage `place.stage` of a pipeline (and of a TP group within the stage). Stages
+  // pass hidden states [tokens, n_embd] forward with Send/Recv, one micro-batch at a time.
+  LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
+               const model::TpShard& shard, comm::Communicator* comm, const PipelinePlace& place,
+               int64_t max_batch = 512);
+  // Layers this rank runs (the KvCache passed to Forward must have this many).
+  int64_t n_layers() const { return place_.stage.layer_end - place_.stage.layer_begin; }
 
   // KV heads this rank caches (the KvCache passed to Forward must have this many).
   int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
@@ -54,15 +70,16 @@ class LlamaForward {
   void CountComm(std::chrono::steady_clock::time_point t0);
 
   const model::LlamaModel& model_;
+  kernels::ThreadPool& pool_;
+  const int64_t max_batch_;
   model::TpShard shard_;
-  comm::Communicator* comm_ = nullptr;     // null: one rank
+  comm::Communicator* comm_ = nullptr;  // null: one rank
+  PipelinePlace place_;
   std::vector<model::LlamaLayer> layers_;  // this rank's views
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;
   std::vector<int> vocab_counts_;
   int64_t comm_ns_ = 0, comm_calls_ = 0;
-  kernels::ThreadPool& pool_;
-  const int64_t max_batch_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   std::vector<int32_t> pos_;
 };

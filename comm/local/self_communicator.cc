@@ -15,6 +15,12 @@ class SelfCommunicator final : public Communicator {
     return absl::OkStatus();
   }
   absl::Status Barrier() override { return absl::OkStatus(); }
+  absl::Status Send(std::span<const float>, int dst, int) override {
+    return absl::InvalidArgumentError("send: a 1-rank group has no peer " + std::to_string(dst));
+  }
+  absl::Status Recv(std::span<float>, int src, int) override {
+    return absl::InvalidArgumentError("recv: a 1-rank group has no peer " + std::to_string(src));
+  }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
     if (root != 0 || counts.size() != 1 || counts[0] != static_cast<int>(mine.size()) ||

@@ -54,6 +54,27 @@ class MpiCommunicator final : public Communicator {
         MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, root, comm_));
     return absl::OkStatus();
   }
+  absl::Status Send(std::span<const float> buf, int dst, int tag) override {
+    if (dst < 0 || dst >= size_ || dst == rank_)
+      return absl::InvalidArgumentError(StrCat("send: bad peer ", dst));
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Send(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, dst, tag, comm_));
+    return absl::OkStatus();
+  }
+  absl::Status Recv(std::span<float> buf, int src, int tag) override {
+    if (src < 0 || src >= size_ || src == rank_)
+      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
+    MPI_Status st;
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &st));
+    int got = 0;
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if (got != static_cast<int>(buf.size())) {
+      return absl::InternalError(
+          StrCat("recv: got ", got, " floats from rank ", src, ", want ", buf.size()));
+    }
+    return absl::OkStatus();
+  }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
     if (static_cast<int>(counts.size()) != size_ ||

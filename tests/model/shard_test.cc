@@ -95,3 +95,33 @@ TEST_F(Shards, SlicesTileEveryMatrixByteRange) {
 
 }  // namespace
 }  // namespace kvmesh::model
+
+namespace kvmesh::model {
+namespace {
+
+TEST(PipelineStages, SplitLayersContiguouslyAndEvenly) {
+  LlamaConfig c;
+  c.n_layers = 30;
+  for (int pp : {1, 2, 4, 7, 30}) {
+    int64_t next = 0;
+    for (int s = 0; s < pp; ++s) {
+      auto st = MakePipelineStage(c, s, pp);
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(st->layer_begin, next);
+      EXPECT_GE(st->layer_end - st->layer_begin, 30 / pp);
+      EXPECT_LE(st->layer_end - st->layer_begin, (30 + pp - 1) / pp);
+      EXPECT_EQ(st->first(), s == 0);
+      EXPECT_EQ(st->last(), s == pp - 1);
+      next = st->layer_end;
+    }
+    EXPECT_EQ(next, 30);
+  }
+  auto bad = MakePipelineStage(c, 0, 31);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(
+      std::string(bad.status().message()).find("--pp 31 is larger than the model's 30 layers"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvmesh::model

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Tensor parallelism across MPI ranks on the real model: greedy tokens identical to the
-# single-process engine and last-position logits within 1e-3 relative L2, for tp = 1..4; the
-# launch errors (world size, tp > heads, a rank that cannot read the model, --pp) reported on
-# every rank with a non-zero exit; and a rank killed mid-generation ends the job promptly.
+# Tensor and pipeline parallelism across MPI ranks on the real model: greedy tokens identical to
+# the single-process engine and last-position logits within 1e-3 relative L2, for tp = 1..4 with
+# pp = 1, pp = 2 with tp = 1 and tp x pp = 2 x 2; the launch errors (world size, tp > heads, a
+# rank that cannot read the model) reported on every rank with a non-zero exit; and a rank
+# killed mid-generation ends the job promptly.
 # Usage: tp_test.sh KVMESH_BINARY
 set -uo pipefail
 bin="$1"
@@ -26,33 +27,36 @@ for i in "${!prompts[@]}"; do
   p="${prompts[$i]}"
   "$bin" run "${common[@]}" --prompt "$p" >"$work/ref.$i.json" || fail "single-process run"
   "$bin" logits --model "$model" --threads 1 --top-k 49152 --prompt "$p" >"$work/ref.$i.logits" || fail "single-process logits"
-  for tp in 1 2 3 4; do
-    "${mpi[@]}" -np "$tp" "$bin" run --tp "$tp" "${common[@]}" --prompt "$p" >"$work/tp$tp.$i.json" 2>"$work/err" ||
-      fail "tp=$tp run: $(tail -n 5 "$work/err")"
-    "${mpi[@]}" -np "$tp" "$bin" logits --tp "$tp" --model "$model" --threads 1 --top-k 49152 --prompt "$p" \
-      >"$work/tp$tp.$i.logits" 2>"$work/err" || fail "tp=$tp logits: $(tail -n 5 "$work/err")"
-    python3 - "$work/ref.$i.json" "$work/tp$tp.$i.json" "$work/ref.$i.logits" "$work/tp$tp.$i.logits" "$tp" <<'PY' || exit 1
+  for cfg in "1 1" "2 1" "3 1" "4 1" "1 2" "2 2"; do
+    read -r tp pp <<<"$cfg"
+    np=$((tp * pp))
+    tag="tp$tp.pp$pp"
+    "${mpi[@]}" -np "$np" "$bin" run --tp "$tp" --pp "$pp" "${common[@]}" --prompt "$p" >"$work/$tag.$i.json" 2>"$work/err" ||
+      fail "$tag run: $(tail -n 5 "$work/err")"
+    "${mpi[@]}" -np "$np" "$bin" logits --tp "$tp" --pp "$pp" --model "$model" --threads 1 --top-k 49152 --prompt "$p" \
+      >"$work/$tag.$i.logits" 2>"$work/err" || fail "$tag logits: $(tail -n 5 "$work/err")"
+    python3 - "$work/ref.$i.json" "$work/$tag.$i.json" "$work/ref.$i.logits" "$work/$tag.$i.logits" "$tag" <<'PY' || exit 1
 import json, math, sys
 ref, got = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 if ref["tokens"] != got["tokens"]:
-    sys.exit(f"FAIL: tp={sys.argv[5]} tokens {got['tokens']} != single-process {ref['tokens']}")
+    sys.exit(f"FAIL: {sys.argv[5]} tokens {got['tokens']} != single-process {ref['tokens']}")
 a = dict((i, v) for i, v in json.load(open(sys.argv[3])))
 b = dict((i, v) for i, v in json.load(open(sys.argv[4])))
 assert len(a) == len(b) == 49152, (len(a), len(b))
 num = sum((b[i] - a[i]) ** 2 for i in a)
 den = sum(v * v for v in a.values())
 rel = math.sqrt(num / den)
-print(f"tp={sys.argv[5]}: {len(got['tokens'])} tokens identical, logits rel L2 {rel:.2e}")
+print(f"{sys.argv[5]}: {len(got['tokens'])} tokens identical, logits rel L2 {rel:.2e}")
 if rel >= 1e-3:
-    sys.exit(f"FAIL: tp={sys.argv[5]} logits rel L2 {rel}")
+    sys.exit(f"FAIL: {sys.argv[5]} logits rel L2 {rel}")
 PY
   done
 done
 
 # --print-plan shows a balanced split for tp = 2 (9 query heads: 5 + 4).
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --prompt hi --max-tokens 1 --print-plan >/dev/null 2>"$work/plan" || fail "print-plan"
-grep -q "rank 0: tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"
-grep -q "rank 1: tp rank 1/2: query heads \[5,9), kv heads \[1,3)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+grep -q "rank 0: stage 0 layers \[0,30), tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+grep -q "rank 1: stage 0 layers \[0,30), tp rank 1/2: query heads \[5,9), kv heads \[1,3)" "$work/plan" || fail "plan: $(cat "$work/plan")"
 
 # Launch errors: the same one-line error on every rank, non-zero exit, no hang.
 expect_all() {  # expect_all NEEDLE N_RANKS -- command...
@@ -68,8 +72,8 @@ expect_all "is larger than the model's 9 query heads" 10 -- \
   "${mpi[@]}" -np 10 "$bin" run --tp 10 --model "$model" --prompt x --threads 1
 expect_all "rank 1: cannot open model file '/nonexistent/model.gguf'" 2 -- \
   "${mpi[@]}" -np 1 "$bin" run --tp 2 --model "$model" --prompt x : -np 1 "$bin" run --tp 2 --model /nonexistent/model.gguf --prompt x
-expect_all "pipeline parallelism is not implemented yet" 2 -- \
-  "${mpi[@]}" -np 2 "$bin" run --tp 1 --pp 2 --model "$model" --prompt x
+expect_all "world size 3 does not match dp x pp x tp = 1 x 2 x 2" 3 -- \
+  "${mpi[@]}" -np 3 "$bin" run --tp 2 --pp 2 --model "$model" --prompt x
 
 # A rank killed mid-generation: the job ends within 30 s, naming the lost rank.
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --threads 1 --temperature 0.9 --seed 1 \
