@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Tensor-parallel scaling on this machine at a fixed total core count (2 by default):
-# prefill and decode tokens/s for (tp, pp) in (1,1) (1 rank x 2 threads), (2,1) (2 ranks x 1
-# thread), (3,1) (3 ranks x 1 thread, oversubscribed) and (1,2); the share of step time in
-# collectives; and kvmesh's per-step communication against bare MPI_Allreduce latencies of the
-# same sizes (bench/allreduce_bench).
+# Parallel scaling on this machine at a fixed total core count (2 by default): prefill and
+# decode tokens/s of one sequence for (tp, pp) in (1,1) (1 rank x 2 threads), (2,1) (2 ranks x 1
+# thread), (1,2) (2 stages x 1 thread) and (3,1) (3 ranks x 1 thread, oversubscribed); the
+# share of the decode run spent in TP collectives; and the TP communication per decode step
+# against bare MPI_Allreduce / MPI_Gatherv latencies of the same sizes (bench/allreduce_bench).
 #   bench/scaling.sh [--model PATH] [--cores 2] [--reps 3]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,21 +25,23 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 prompt="$(python3 -c "print(' '.join(['The cluster stores the key blocks of a long context before the next step.'] * 37))")"
 
-run() {  # run TP THREADS TAG -- extra args
-  local tp="$1" threads="$2" tag="$3"; shift 4
+run() {  # run TP PP THREADS TAG -- extra args
+  local tp="$1" pp="$2" threads="$3" tag="$4"; shift 5
   for r in $(seq 1 "$reps"); do
-    if [[ "$tp" == 1 ]]; then
+    if [[ "$tp" == 1 && "$pp" == 1 ]]; then
       "$bin" run --model "$model" --threads "$threads" --temperature 0 --json "$@"
     else
-      "${mpi[@]}" -np "$tp" "$bin" run --tp "$tp" --model "$model" --threads "$threads" --temperature 0 --json "$@"
+      "${mpi[@]}" -np $((tp * pp)) "$bin" run --tp "$tp" --pp "$pp" --model "$model" \
+        --threads "$threads" --temperature 0 --json "$@"
     fi
   done >"$out/$tag.jsonl"
 }
-for cfg in "1 $cores" "2 $((cores / 2 > 0 ? cores / 2 : 1))" "3 1"; do
-  read -r tp threads <<<"$cfg"
-  echo "tp=$tp threads/rank=$threads" >&2
-  run "$tp" "$threads" "prefill.$tp" -- --prompt "$prompt" --max-tokens 1
-  run "$tp" "$threads" "decode.$tp" -- --prompt "Hello" --max-tokens 128 --ignore-eos
+half=$((cores / 2 > 0 ? cores / 2 : 1))
+for cfg in "1 1 $cores" "2 1 $half" "1 2 $half" "3 1 1"; do
+  read -r tp pp threads <<<"$cfg"
+  echo "tp=$tp pp=$pp threads/rank=$threads" >&2
+  run "$tp" "$pp" "$threads" "prefill.$tp.$pp" -- --prompt "$prompt" --max-tokens 1
+  run "$tp" "$pp" "$threads" "decode.$tp.$pp" -- --prompt "Hello" --max-tokens 128 --ignore-eos
 done
 for tp in 2 3; do
   "${mpi[@]}" -np "$tp" "$root/build/bin/allreduce_bench" >"$out/bare.$tp.json"
@@ -51,28 +53,28 @@ out, cores = sys.argv[1], int(sys.argv[2])
 def load(tag):
     return [json.loads(l) for l in open(f"{out}/{tag}.jsonl") if l.strip()]
 rows, base = [], {}
-for tp in (1, 2, 3):
-    pre, dec = load(f"prefill.{tp}"), load(f"decode.{tp}")
+for tp, pp in ((1, 1), (2, 1), (1, 2), (3, 1)):
+    pre, dec = load(f"prefill.{tp}.{pp}"), load(f"decode.{tp}.{pp}")
     p_ts = statistics.median(r["prefill_tokens_per_s"] for r in pre)
     d_ts = statistics.median(r["decode_tokens_per_s"] for r in dec)
     steps = [len(r["tokens"]) - 1 for r in dec]
     # Communication per decode step: the decode run's collectives less its one prefill step.
+    # TP collectives per decode step (leader's view; pipeline sends are not counted here).
     comm_step_us = statistics.median(
         (r["comm_ms"] * 1e3) / max(1, len(r["tokens"])) for r in dec) if tp > 1 else 0.0
     share = statistics.median(r["comm_ms"] / (r["prefill_ms"] + r["decode_ms"]) for r in dec) if tp > 1 else 0.0
-    calls = statistics.median(r["comm_calls"] / max(1, len(r["tokens"])) for r in dec) if tp > 1 else 0
-    if tp == 1:
+    if (tp, pp) == (1, 1):
         base = {"p": p_ts, "d": d_ts}
     bare = json.load(open(f"{out}/bare.{tp}.json")) if tp > 1 else None
     bare_step = (60 * bare["allreduce_decode_us"] + bare["gather_logits_us"]) if bare else 0.0
-    rows.append((tp, pre[0]["threads"], p_ts, p_ts / base["p"], d_ts, d_ts / base["d"], share, comm_step_us, bare_step))
+    rows.append((tp, pp, pre[0]["threads"], p_ts, p_ts / base["p"], d_ts, d_ts / base["d"], share, comm_step_us, bare_step))
 print(f"total cores: {cores}; model: SmolLM2-135M-Instruct Q4_1; medians of runs (prefill: 512-token prompt; decode: 128 tokens)")
 print("| tp | pp | ranks x threads | prefill t/s | vs (1,1) | decode t/s | vs (1,1) | comm share of decode run | comm per decode step (us) | bare MPI per step (us) | ratio |")
 print("|----|----|-----------------|-------------|----------|------------|----------|--------------------------|---------------------------|------------------------|-------|")
-for tp, th, p, pr, d, dr, share, cs, bs in rows:
+for tp, pp, th, p, pr, d, dr, share, cs, bs in rows:
     ratio = f"{cs / bs:.2f}" if bs else ""
-    print(f"| {tp} | 1 | {tp} x {th} | {p:.1f} | {pr:.2f} | {d:.1f} | {dr:.2f} | {100*share:.1f}% | {cs:.1f} | {bs:.1f} | {ratio} |")
-print("| 1 | 2 | - | pipeline parallelism not implemented yet | | | | | | | |")
+    tpc = f"{100*share:.1f}%" if tp > 1 else ""
+    print(f"| {tp} | {pp} | {tp*pp} x {th} | {p:.1f} | {pr:.2f} | {d:.1f} | {dr:.2f} | {tpc} | {cs:.1f} | {bs:.1f} | {ratio} |")
 for tp in (2, 3):
     b = json.load(open(f"{out}/bare.{tp}.json"))
     print(f"bare MPI, {tp} ranks: allreduce {b['n_embd']} floats {b['allreduce_decode_us']:.2f} us, "
