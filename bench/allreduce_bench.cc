@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
   }
   const double gather_us = MedianUs(t);
   if (rank == 0) {
-    std::printf("{\"ranks\": %d, \"allreduce_decode_us\": %.2f, \"allreduce_prefill_us\": %.1f, "
-                "\"gather_logits_us\": %.2f, \"n_embd\": %d, \"prefill_tokens\": %d}\n",
-                size, decode_us, prefill_us, gather_us, n_embd, prefill);
+    std::printf(
+        "{\"ranks\": %d, \"allreduce_decode_us\": %.2f, \"allreduce_prefill_us\": %.1f, "
+        "\"gather_logits_us\": %.2f, \"n_embd\": %d, \"prefill_tokens\": %d}\n",
+        size, decode_us, prefill_us, gather_us, n_embd, prefill);
   }
   MPI_Finalize();
   return 0;
