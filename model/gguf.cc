@@ -468,6 +468,16 @@ absl::Status GgufFile::Parse() {
   return absl::OkStatus();
 }
 
+void GgufFile::DropPages(const void* p, size_t n) const {
+  if (map_ == nullptr) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  const auto map_lo = reinterpret_cast<uintptr_t>(map_);
+  if (hi <= lo || lo < map_lo || hi > map_lo + map_len_) return;
+  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 const GgufValue* GgufFile::Find(std::string_view key) const {
   auto it = kv_.find(std::string(key));
   return it == kv_.end() ? nullptr : &it->second;

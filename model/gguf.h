@@ -85,6 +85,10 @@ class GgufFile {
   // Start of a tensor's data (inside the mapping).
   const uint8_t* TensorData(const GgufTensorInfo& t) const { return data_ + t.offset; }
   size_t file_size() const { return bytes_.size(); }
+  // Tells the kernel this process no longer needs the mapped pages wholly inside [p, p + n)
+  // (MADV_DONTNEED: they leave the resident set and are read again from the file if touched).
+  // For a tensor-parallel rank that has copied out its slices. No-op for FromBytes files.
+  void DropPages(const void* p, size_t n) const;
   // Offset of the data section from the start of the file.
   uint64_t data_offset() const { return static_cast<uint64_t>(data_ - bytes_.data()); }
 

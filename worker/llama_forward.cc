@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -42,12 +43,37 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
   const auto& c = model.config();
   for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
     layers_.push_back(model::SliceLayer(model.layer(l), c, shard));
+    if (shard.tp_size > 1) {
+      for (kernels::WeightMatrix* w : {&layers_.back().wo, &layers_.back().w_down}) {
+        *w = Materialise(*w);
+      }
+    }
+  }
+  if (shard.tp_size > 1) {
+    // The full O and down matrices were read once to copy the slices; let their pages go.
+    for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
+      for (const kernels::WeightMatrix* w : {&model.layer(l).wo, &model.layer(l).w_down}) {
+        model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
+      }
+    }
   }
   output_ = model::SliceOutput(model.output(), shard);
   for (int r = 0; r < shard.tp_size; ++r) {
     const auto s = model::MakeTpShard(model, r, shard.tp_size);
     vocab_counts_.push_back(static_cast<int>(s->vocab_end - s->vocab_begin));
   }
+}
+
+kernels::WeightMatrix LlamaForward::Materialise(const kernels::WeightMatrix& w) {
+  const size_t run = static_cast<size_t>(kernels::RowBytes(w.type, w.cols));
+  std::vector<uint8_t>& buf = owned_.emplace_back(run * static_cast<size_t>(w.rows));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    std::memcpy(buf.data() + r * run, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, run);
+  }
+  kernels::WeightMatrix out = w;
+  out.data = buf.data();
+  out.row_bytes = run;
+  return out;
 }
 
 absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,

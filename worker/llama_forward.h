@@ -67,6 +67,7 @@ class LlamaForward {
  private:
   absl::Status Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache);
   absl::Status AllReduce(int64_t n);  // sums tmp_[0, n) over the TP group
+  kernels::WeightMatrix Materialise(const kernels::WeightMatrix& w);  // copy into owned_
   void CountComm(std::chrono::steady_clock::time_point t0);
 
   const model::LlamaModel& model_;
@@ -76,6 +77,9 @@ class LlamaForward {
   comm::Communicator* comm_ = nullptr;  // null: one rank
   PipelinePlace place_;
   std::vector<model::LlamaLayer> layers_;  // this rank's views
+  // Column slices (O, down) copied into contiguous rank-owned rows: read in place they would
+  // share pages and prefetch streams with the peers' columns.
+  std::vector<std::vector<uint8_t>> owned_;
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;
   std::vector<int> vocab_counts_;
