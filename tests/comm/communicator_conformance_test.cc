@@ -1,0 +1,131 @@
+// One conformance suite for every Communicator backend the machine can run. Launched by ctest
+// as `mpirun -np 3 comm_conformance_test` (and `-np 1`); the self backend runs in every rank.
+// Every rank checks the same properties; gtest's exit code is collected by mpirun.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/mpi/mpi_communicator.h"
+
+namespace kvmesh::comm {
+namespace {
+
+comm::MpiRuntime* g_mpi = nullptr;
+
+struct Backend {
+  const char* name;
+  std::unique_ptr<Communicator> (*make)();
+};
+
+std::unique_ptr<Communicator> MakeSelf() { return CreateSelfCommunicator(); }
+std::unique_ptr<Communicator> MakeWorld() { return *CreateMpiCommunicator(0, g_mpi->world_rank()); }
+// Ranks split into groups of two (a TP group per pipeline stage, as kvmesh run builds them).
+std::unique_ptr<Communicator> MakePairs() {
+  const int r = g_mpi->world_rank();
+  return *CreateMpiCommunicator(r / 2, r % 2);
+}
+
+class Conformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override { c_ = GetParam().make(); }
+  std::unique_ptr<Communicator> c_;
+};
+
+TEST_P(Conformance, RankAndSize) {
+  EXPECT_GE(c_->size(), 1);
+  EXPECT_GE(c_->rank(), 0);
+  EXPECT_LT(c_->rank(), c_->size());
+}
+
+TEST_P(Conformance, AllReduceSumsEveryRanksValues) {
+  const int n = c_->size(), r = c_->rank();
+  for (size_t len : {size_t{1}, size_t{576}, size_t{576 * 37}}) {
+    std::vector<float> buf(len);
+    for (size_t i = 0; i < len; ++i) buf[i] = static_cast<float>((r + 1) * 1000 + i % 97);
+    ASSERT_TRUE(c_->AllReduceSum(buf).ok());
+    for (size_t i = 0; i < len; ++i) {
+      // sum over ranks q of (q + 1) * 1000 + i % 97
+      const float want = 1000.0f * n * (n + 1) / 2 + static_cast<float>(n * (i % 97));
+      ASSERT_EQ(buf[i], want) << "len " << len << " index " << i;
+    }
+  }
+}
+
+TEST_P(Conformance, BroadcastCopiesTheRootsBytes) {
+  for (int root = 0; root < c_->size(); ++root) {
+    std::vector<uint8_t> buf(1000, static_cast<uint8_t>(c_->rank()));
+    if (c_->rank() == root) std::iota(buf.begin(), buf.end(), static_cast<uint8_t>(root));
+    ASSERT_TRUE(c_->Broadcast(buf, root).ok());
+    for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], static_cast<uint8_t>(root + i));
+  }
+  std::vector<uint8_t> b(4);
+  EXPECT_EQ(c_->Broadcast(b, c_->size()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(Conformance, GatherVConcatenatesInRankOrder) {
+  const int n = c_->size(), r = c_->rank();
+  std::vector<int> counts(n);
+  for (int q = 0; q < n; ++q) counts[q] = 3 + q;  // uneven, like vocabulary slices
+  std::vector<float> mine(counts[r], static_cast<float>(r));
+  std::vector<float> all(std::accumulate(counts.begin(), counts.end(), 0), -1.0f);
+  ASSERT_TRUE(c_->GatherV(mine, all, counts, 0).ok());
+  if (r == 0) {
+    size_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < counts[q]; ++i) ASSERT_EQ(all[at++], static_cast<float>(q));
+    }
+  }
+  std::vector<int> wrong(n, 1);
+  EXPECT_FALSE(c_->GatherV(mine, all, wrong, 0).ok());
+}
+
+TEST_P(Conformance, SendRecvAroundARing) {
+  const int n = c_->size(), r = c_->rank();
+  std::vector<float> out(64, static_cast<float>(r)), in(64, -1.0f);
+  if (n == 1) {
+    EXPECT_FALSE(c_->Send(out, 0, 7).ok());  // no peer to talk to
+    return;
+  }
+  // Even ranks send first, odd ranks receive first: no deadlock with blocking calls.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (r % 2 == 0) {
+    ASSERT_TRUE(c_->Send(out, next, 7).ok());
+    ASSERT_TRUE(c_->Recv(in, prev, 7).ok());
+  } else {
+    ASSERT_TRUE(c_->Recv(in, prev, 7).ok());
+    ASSERT_TRUE(c_->Send(out, next, 7).ok());
+  }
+  for (float v : in) ASSERT_EQ(v, static_cast<float>(prev));
+}
+
+TEST_P(Conformance, BarrierReturns) { EXPECT_TRUE(c_->Barrier().ok()); }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         ::testing::Values(Backend{"self", MakeSelf},
+                                           Backend{"mpi_world", MakeWorld},
+                                           Backend{"mpi_pairs", MakePairs}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace kvmesh::comm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto mpi = kvmesh::comm::MpiRuntime::Init(&argc, &argv);
+  if (!mpi.ok()) return 1;
+  kvmesh::comm::g_mpi = mpi->get();
+  // Only rank 0 prints gtest's report; every rank's failures still fail its exit code.
+  if ((*mpi)->world_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  int any = rc, worst = 0;
+  MPI_Allreduce(&any, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
