@@ -1,0 +1,113 @@
+// The Communicator conformance properties on the NCCL backend (device buffers), run by mpirun
+// over 2 ranks. Every test reports itself skipped, with the reason, where there is no GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <numeric>
+#include <vector>
+
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
+
+namespace kvmesh::comm {
+namespace {
+
+MpiRuntime* g_mpi = nullptr;
+
+class Nccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      GTEST_SKIP() << "no CUDA device (" << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
+                   << "): the NCCL backend is compiled but can only run where a GPU is present";
+    }
+    bootstrap_ = *CreateMpiCommunicator(0, g_mpi->world_rank());
+    auto c = CreateNcclCommunicator(*bootstrap_, g_mpi->world_rank() % n);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+  }
+  template <typename T>
+  T* Dev(const std::vector<T>& h) {
+    T* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    bufs_.push_back(d);
+    return d;
+  }
+  template <typename T>
+  std::vector<T> Host(const T* d, size_t n) {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  void TearDown() override {
+    for (void* p : bufs_) cudaFree(p);
+  }
+  std::unique_ptr<Communicator> bootstrap_, c_;
+  std::vector<void*> bufs_;
+};
+
+TEST_F(Nccl, AllReduceBroadcastGatherSendRecv) {
+  const int n = c_->size(), r = c_->rank();
+  std::vector<float> h(576);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((r + 1) * 1000 + i % 97);
+  float* d = Dev(h);
+  ASSERT_TRUE(c_->AllReduceSum({d, h.size()}).ok());
+  const auto got = Host(d, h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    ASSERT_EQ(got[i], 1000.0f * n * (n + 1) / 2 + static_cast<float>(n * (i % 97)));
+  }
+  std::vector<uint8_t> b(100, static_cast<uint8_t>(r));
+  if (r == 0) std::iota(b.begin(), b.end(), uint8_t{0});
+  uint8_t* db = Dev(b);
+  ASSERT_TRUE(c_->Broadcast({db, b.size()}, 0).ok());
+  const auto gb = Host(db, b.size());
+  for (size_t i = 0; i < gb.size(); ++i) ASSERT_EQ(gb[i], static_cast<uint8_t>(i));
+  std::vector<int> counts(n);
+  for (int q = 0; q < n; ++q) counts[q] = 3 + q;
+  float* mine = Dev(std::vector<float>(counts[r], static_cast<float>(r)));
+  float* all = Dev(std::vector<float>(std::accumulate(counts.begin(), counts.end(), 0), -1.0f));
+  ASSERT_TRUE(
+      c_->GatherV({mine, static_cast<size_t>(counts[r])},
+                  {all, static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), 0))},
+                  counts, 0)
+          .ok());
+  if (r == 0) {
+    const auto ga = Host(all, std::accumulate(counts.begin(), counts.end(), 0));
+    size_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < counts[q]; ++i) ASSERT_EQ(ga[at++], static_cast<float>(q));
+    }
+  }
+  if (n >= 2 && r < 2) {
+    float* buf = Dev(std::vector<float>(64, static_cast<float>(r)));
+    if (r == 0) {
+      ASSERT_TRUE(c_->Send({buf, 64}, 1, 0).ok());
+    } else {
+      ASSERT_TRUE(c_->Recv({buf, 64}, 0, 0).ok());
+      for (float v : Host(buf, 64)) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  EXPECT_TRUE(c_->Barrier().ok());
+}
+
+}  // namespace
+}  // namespace kvmesh::comm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto mpi = kvmesh::comm::MpiRuntime::Init(&argc, &argv);
+  if (!mpi.ok()) return 1;
+  kvmesh::comm::g_mpi = mpi->get();
+  if ((*mpi)->world_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
