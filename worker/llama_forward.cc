@@ -90,13 +90,22 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
     return absl::InvalidArgumentError("forward: logits buffer is not n_vocab long");
   }
   if (auto s = cache.Reserve(cache.size() + static_cast<int64_t>(tokens.size())); !s.ok()) return s;
-  for (size_t b = 0; b < tokens.size(); b += max_batch_) {
-    const int64_t n = std::min<int64_t>(max_batch_, tokens.size() - b);
+  // With pipeline stages, cut a prefill into about 4 micro-batches per stage (at least 32
+  // tokens each): while stage s+1 works on micro-batch i, stage s already runs i+1. Every rank
+  // sees the same token count, so every rank cuts the same way.
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  int64_t mb = max_batch_;
+  if (place_.stage.n_stages > 1) {
+    mb = std::min(mb, std::max<int64_t>(32, (total + 4 * place_.stage.n_stages - 1) /
+                                                (4 * place_.stage.n_stages)));
+  }
+  for (int64_t b = 0; b < total; b += mb) {
+    const int64_t n = std::min<int64_t>(mb, total - b);
     if (auto s = Batch(tokens.data() + b, n, cache); !s.ok()) return s;
   }
   if (!logits.empty() && place_.stage.last()) {
     // x_ holds the last batch's hidden states; only the final token needs the LM head.
-    const int64_t last = ((static_cast<int64_t>(tokens.size()) - 1) % max_batch_);
+    const int64_t last = (total - 1) % mb;
     std::vector<float> h(x_.begin() + last * c.n_embd, x_.begin() + (last + 1) * c.n_embd);
     kernels::RmsNormCpu({h.data(), model_.output_norm(), h.data(), 1, c.n_embd, c.rms_eps});
     if (comm_ == nullptr || shard_.tp_size == 1) {
