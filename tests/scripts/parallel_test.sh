@@ -16,12 +16,15 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The third prompt (~160 tokens) makes pipeline stages split the prefill into micro-batches.
+long="$(printf 'Block %s of the shared context is stored on the host tier. ' $(seq 1 12))"
 prompts=("The capital of France is"
+         "$long Which tier holds block 7?"
          "<|im_start|>user
 Write a haiku about caches.<|im_end|>
 <|im_start|>assistant
 ")
-common=(--model "$model" --temperature 0 --max-tokens 24 --json --threads 1)
+common=(--model "$model" --temperature 0 --max-tokens 24 --ignore-eos --json --threads 1)
 
 for i in "${!prompts[@]}"; do
   p="${prompts[$i]}"
