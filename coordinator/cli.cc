@@ -14,6 +14,7 @@
 #include "bench/llama_bench.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "coordinator/flags.h"
+#include "coordinator/launch.h"
 #include "kernels/isa.h"
 #include "model/shard.h"
 #include "util/str_cat.h"
@@ -28,8 +29,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kDefaultModelFile[] = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 constexpr char kUsage[] =
     "usage: kvmesh <command> [flags]\n"
     "  run       --prompt TEXT [--model PATH] [--chat] [--max-tokens N] [--temperature T]\n"
@@ -42,128 +41,6 @@ constexpr char kUsage[] =
     "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
     "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
 
-int Fail(const absl::Status& s) {
-  std::cerr << "kvmesh: error: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-std::string CacheDir() {
-  if (const char* c = std::getenv("KVMESH_CACHE"); c && *c) return c;
-  const char* home = std::getenv("HOME");
-  return StrCat(home && *home ? home : ".", "/.cache/kvmesh");
-}
-
-std::string ModelPath(const Flags& f) {
-  return f.String("model", StrCat(CacheDir(), "/", kDefaultModelFile));
-}
-
-// The process's place in a run: one process, or one rank of `mpirun -np K kvmesh ...`
-// (world = dp x pp x tp with dp = pp = 1 for now; rank 0 is the coordinator and TP rank 0).
-struct Launch {
-  std::unique_ptr<comm::MpiRuntime> mpi;
-  std::unique_ptr<comm::Communicator> tp_comm, world_comm;
-  std::unique_ptr<worker::Engine> engine;
-  int rank = 0, world = 1, tp = 1, pp = 1;
-  ~Launch() {
-    engine.reset();
-    tp_comm.reset();  // before MPI_Finalize
-    world_comm.reset();
-  }
-};
-
-// Every rank agrees on whether any rank failed; all print the error of the lowest failing rank.
-absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
-  if (l.world_comm == nullptr || l.world == 1) return mine;
-  std::vector<float> failed(l.world, 0.0f);
-  failed[l.rank] = mine.ok() ? 0.0f : 1.0f;
-  if (auto s = l.world_comm->AllReduceSum(failed); !s.ok()) return s;
-  int first = -1;
-  for (int r = 0; r < l.world && first < 0; ++r) {
-    if (failed[r] > 0) first = r;
-  }
-  if (first < 0) return absl::OkStatus();
-  std::string msg(1024, '\0');
-  if (l.rank == first) {
-    const std::string m = StrCat("rank ", first, ": ", mine.message());
-    msg.replace(0, std::min(m.size(), msg.size() - 1), m.substr(0, msg.size() - 1));
-  }
-  if (auto s = l.world_comm->Broadcast({reinterpret_cast<uint8_t*>(msg.data()), msg.size()}, first);
-      !s.ok())
-    return s;
-  return absl::Status(l.rank == first ? mine.code() : absl::StatusCode::kAborted, msg.c_str());
-}
-
-absl::Status SetUp(const Flags& f, Launch& l) {
-  auto threads = f.Int("threads", 0, 0, 1024);
-  if (!threads.ok()) return threads.status();
-  auto ctx = f.Int("ctx-size", 0, 0, int64_t{1} << 24);
-  if (!ctx.ok()) return ctx.status();
-  auto tp = f.Int("tp", 1, 1, 4096);
-  if (!tp.ok()) return tp.status();
-  auto pp = f.Int("pp", 1, 1, 4096);
-  if (!pp.ok()) return pp.status();
-  l.tp = static_cast<int>(*tp);
-  l.pp = static_cast<int>(*pp);
-  if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
-    auto mpi = comm::MpiRuntime::Init(nullptr, nullptr);
-    if (!mpi.ok()) return mpi.status();
-    l.mpi = std::move(*mpi);
-    l.rank = l.mpi->world_rank();
-    l.world = l.mpi->world_size();
-    if (l.world != *tp * *pp) {
-      return absl::InvalidArgumentError(StrCat("world size ", l.world,
-                                               " does not match dp x pp x tp = 1 x ", *pp, " x ",
-                                               *tp, " (launch with mpirun -np ", *tp * *pp, ")"));
-    }
-    // TP groups are the ranks of one stage; the world carries steps and stage-to-stage sends.
-    auto tp_comm = comm::CreateMpiCommunicator(l.rank / l.tp, l.rank % l.tp);
-    if (!tp_comm.ok()) return tp_comm.status();
-    l.tp_comm = std::move(*tp_comm);
-    auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
-    if (!world_comm.ok()) return world_comm.status();
-    l.world_comm = std::move(*world_comm);
-  }
-  worker::EngineOptions o;
-  o.model_path = ModelPath(f);
-  o.threads = static_cast<int>(*threads);
-  o.ctx_size = *ctx;
-  o.tp_comm = l.tp_comm.get();
-  o.world_comm = l.world_comm.get();
-  o.pp = l.pp;
-  auto e = worker::Engine::Create(o);
-  absl::Status st = e.status();
-  if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
-    st = absl::NotFoundError(StrCat(e.status().message(), " (run `kvmesh model pull` first)"));
-  }
-  if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
-  l.engine = std::move(*e);
-  if (f.Has("print-plan") && l.rank == 0) {
-    const auto& m = l.engine->model();
-    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp " << l.pp << " x tp " << l.tp
-              << "; rank 0 coordinates and is TP rank 0 of stage 0\n";
-    for (int r = 0; r < l.world; ++r) {
-      const auto st = model::MakePipelineStage(m.config(), r / l.tp, l.pp);
-      if (!st.ok()) continue;
-      std::cerr << "kvmesh: plan: rank " << r << ": stage " << st->stage << " layers ["
-                << st->layer_begin << "," << st->layer_end << "), "
-                << model::MakeTpShard(m, r % l.tp, l.tp)->Describe() << "\n";
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Runs `leader` on rank 0 while the other ranks follow its steps; returns rank 0's exit code on
-// rank 0 and 0 (or 1 if the group broke) elsewhere.
-int RunLaunched(Launch& l, const std::function<int()>& leader) {
-  if (l.engine->is_leader()) {
-    const int rc = leader();
-    if (auto s = l.engine->StopFollowers(); !s.ok()) return Fail(s);
-    return rc;
-  }
-  if (auto s = l.engine->ServeFollower(); !s.ok()) return Fail(s);
-  return 0;
-}
-
 const std::set<std::string> kLaunchFlags = {"threads", "ctx-size", "tp", "pp"};
 
 std::set<std::string> With(std::set<std::string> a, const std::set<std::string>& b) {
@@ -171,7 +48,7 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
   return a;
 }
 
-int RunLeader(const Flags& flags, worker::Engine& e, worker::GenerateRequest req);
+int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req);
 
 int Run(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2,
@@ -203,17 +80,16 @@ int Run(int argc, char** argv) {
   return RunLaunched(launch, [&] { return RunLeader(*f, *launch.engine, req); });
 }
 
-int RunLeader(const Flags& flags, worker::Engine& e, worker::GenerateRequest req) {
-  const Flags* f = &flags;
-  const std::string prompt = f->String("prompt", "");
-  if (f->Has("chat")) {
+int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req) {
+  const std::string prompt = f.String("prompt", "");
+  if (f.Has("chat")) {
     auto p = e.ChatPrompt(prompt);
     if (!p.ok()) return Fail(p.status());
     req.prompt = std::move(*p);
   } else {
     req.prompt = e.tokenizer().Encode(prompt, /*parse_special=*/true);
   }
-  const bool as_json = f->Has("json");
+  const bool as_json = f.Has("json");
   // Stream text as it is generated, holding back bytes of an incomplete UTF-8 character.
   std::string pending;
   auto on_token = [&](int32_t id) {
@@ -274,7 +150,7 @@ int Tokenize(int argc, char** argv) {
   return 0;
 }
 
-int LogitsLeader(const Flags& flags, worker::Engine& engine, int64_t k);
+int LogitsLeader(const Flags& f, worker::Engine& engine, int64_t k);
 
 int Logits(int argc, char** argv) {
   auto f =
@@ -288,9 +164,8 @@ int Logits(int argc, char** argv) {
   return RunLaunched(launch, [&] { return LogitsLeader(*f, *launch.engine, *k); });
 }
 
-int LogitsLeader(const Flags& flags, worker::Engine& engine, int64_t k) {
-  const Flags* f = &flags;
-  const auto ids = engine.tokenizer().Encode(f->String("prompt", ""), /*parse_special=*/true);
+int LogitsLeader(const Flags& f, worker::Engine& engine, int64_t k) {
+  const auto ids = engine.tokenizer().Encode(f.String("prompt", ""), /*parse_special=*/true);
   auto logits = engine.LastLogits(ids);
   if (!logits.ok()) return Fail(logits.status());
   std::vector<int32_t> idx(logits->size());

@@ -1,0 +1,132 @@
+#include "coordinator/launch.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <vector>
+
+#include "model/shard.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::coordinator {
+
+namespace {
+constexpr char kDefaultModelFile[] = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+std::string CacheDir() {
+  if (const char* c = std::getenv("KVMESH_CACHE"); c && *c) return c;
+  const char* home = std::getenv("HOME");
+  return StrCat(home && *home ? home : ".", "/.cache/kvmesh");
+}
+}  // namespace
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kvmesh: error: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+std::string ModelPath(const Flags& f) {
+  return f.String("model", StrCat(CacheDir(), "/", kDefaultModelFile));
+}
+
+Launch::~Launch() {
+  engine.reset();
+  tp_comm.reset();  // communicators go before MPI_Finalize
+  world_comm.reset();
+}
+
+namespace {
+
+// Every rank agrees on whether any rank failed; all print the error of the lowest failing rank.
+absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
+  if (l.world_comm == nullptr || l.world == 1) return mine;
+  std::vector<float> failed(l.world, 0.0f);
+  failed[l.rank] = mine.ok() ? 0.0f : 1.0f;
+  if (auto s = l.world_comm->AllReduceSum(failed); !s.ok()) return s;
+  int first = -1;
+  for (int r = 0; r < l.world && first < 0; ++r) {
+    if (failed[r] > 0) first = r;
+  }
+  if (first < 0) return absl::OkStatus();
+  std::string msg(1024, '\0');
+  if (l.rank == first) {
+    const std::string m = StrCat("rank ", first, ": ", mine.message());
+    msg.replace(0, std::min(m.size(), msg.size() - 1), m.substr(0, msg.size() - 1));
+  }
+  if (auto s = l.world_comm->Broadcast({reinterpret_cast<uint8_t*>(msg.data()), msg.size()}, first);
+      !s.ok())
+    return s;
+  return absl::Status(l.rank == first ? mine.code() : absl::StatusCode::kAborted, msg.c_str());
+}
+
+}  // namespace
+
+absl::Status SetUp(const Flags& f, Launch& l) {
+  auto threads = f.Int("threads", 0, 0, 1024);
+  if (!threads.ok()) return threads.status();
+  auto ctx = f.Int("ctx-size", 0, 0, int64_t{1} << 24);
+  if (!ctx.ok()) return ctx.status();
+  auto tp = f.Int("tp", 1, 1, 4096);
+  if (!tp.ok()) return tp.status();
+  auto pp = f.Int("pp", 1, 1, 4096);
+  if (!pp.ok()) return pp.status();
+  l.tp = static_cast<int>(*tp);
+  l.pp = static_cast<int>(*pp);
+  if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
+    auto mpi = comm::MpiRuntime::Init(nullptr, nullptr);
+    if (!mpi.ok()) return mpi.status();
+    l.mpi = std::move(*mpi);
+    l.rank = l.mpi->world_rank();
+    l.world = l.mpi->world_size();
+    if (l.world != *tp * *pp) {
+      return absl::InvalidArgumentError(StrCat("world size ", l.world,
+                                               " does not match dp x pp x tp = 1 x ", *pp, " x ",
+                                               *tp, " (launch with mpirun -np ", *tp * *pp, ")"));
+    }
+    // TP groups are the ranks of one stage; the world carries steps and stage-to-stage sends.
+    auto tp_comm = comm::CreateMpiCommunicator(l.rank / l.tp, l.rank % l.tp);
+    if (!tp_comm.ok()) return tp_comm.status();
+    l.tp_comm = std::move(*tp_comm);
+    auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
+    if (!world_comm.ok()) return world_comm.status();
+    l.world_comm = std::move(*world_comm);
+  }
+  worker::EngineOptions o;
+  o.model_path = ModelPath(f);
+  o.threads = static_cast<int>(*threads);
+  o.ctx_size = *ctx;
+  o.tp_comm = l.tp_comm.get();
+  o.world_comm = l.world_comm.get();
+  o.pp = l.pp;
+  auto e = worker::Engine::Create(o);
+  absl::Status st = e.status();
+  if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
+    st = absl::NotFoundError(StrCat(e.status().message(), " (run `kvmesh model pull` first)"));
+  }
+  if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
+  l.engine = std::move(*e);
+  if (f.Has("print-plan") && l.rank == 0) {
+    const auto& m = l.engine->model();
+    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp " << l.pp << " x tp " << l.tp
+              << "; rank 0 coordinates and is TP rank 0 of stage 0\n";
+    for (int r = 0; r < l.world; ++r) {
+      const auto st = model::MakePipelineStage(m.config(), r / l.tp, l.pp);
+      if (!st.ok()) continue;
+      std::cerr << "kvmesh: plan: rank " << r << ": stage " << st->stage << " layers ["
+                << st->layer_begin << "," << st->layer_end << "), "
+                << model::MakeTpShard(m, r % l.tp, l.tp)->Describe() << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+int RunLaunched(Launch& l, const std::function<int()>& leader) {
+  if (l.engine->is_leader()) {
+    const int rc = leader();
+    if (auto s = l.engine->StopFollowers(); !s.ok()) return Fail(s);
+    return rc;
+  }
+  if (auto s = l.engine->ServeFollower(); !s.ok()) return Fail(s);
+  return 0;
+}
+
+}  // namespace kvmesh::coordinator

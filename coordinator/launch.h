@@ -1,0 +1,40 @@
+// How a kvmesh process takes its place in a run: alone, or as one rank of
+// `mpirun -np K kvmesh ...` (world = dp x pp x tp, dp = 1 for now; world rank r is TP rank
+// r % tp of pipeline stage r / tp; rank 0 is the coordinator and TP rank 0 of stage 0).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "coordinator/flags.h"
+#include "worker/engine.h"
+
+namespace kvmesh::coordinator {
+
+// Prints "kvmesh: error: <message>" on stderr; returns the exit code (2 for bad input).
+int Fail(const absl::Status& s);
+
+// --model, or the file `kvmesh model pull` writes under $KVMESH_CACHE (~/.cache/kvmesh).
+std::string ModelPath(const Flags& f);
+
+struct Launch {
+  std::unique_ptr<comm::MpiRuntime> mpi;
+  std::unique_ptr<comm::Communicator> tp_comm, world_comm;
+  std::unique_ptr<worker::Engine> engine;
+  int rank = 0, world = 1, tp = 1, pp = 1;
+  ~Launch();
+};
+
+// Reads --threads --ctx-size --tp --pp --model --print-plan, starts MPI when the run has more
+// than one rank, checks the world size and loads the engine on every rank. A failure on any
+// rank is returned on every rank, naming the first failing rank.
+absl::Status SetUp(const Flags& f, Launch& l);
+
+// Runs `leader` on rank 0 while the other ranks follow its steps. Returns the process's exit
+// code: the leader's code on rank 0; 0, or 1 if the group broke, elsewhere.
+int RunLaunched(Launch& l, const std::function<int()>& leader);
+
+}  // namespace kvmesh::coordinator
