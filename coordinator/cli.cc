@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "bench/llama_bench.h"
@@ -31,7 +33,8 @@ using nlohmann::json;
 
 constexpr char kUsage[] =
     "usage: kvmesh <command> [flags]\n"
-    "  run       --prompt TEXT [--model PATH] [--chat] [--max-tokens N] [--temperature T]\n"
+    "  run       --prompt TEXT | --session FILE [--model PATH] [--chat] [--max-tokens N]\n"
+    "            [--temperature T] [--no-prefix-reuse]\n"
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
@@ -50,13 +53,89 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
 
 int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req);
 
+// A multi-turn script: a JSON array of strings, or one user turn per non-empty line.
+absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat("cannot open session file '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::vector<std::string> turns;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_array()) {
+      return absl::InvalidArgumentError(
+          StrCat("session file '", path, "': not a JSON array of strings"));
+    }
+    for (const auto& t : j) {
+      if (!t.is_string()) {
+        return absl::InvalidArgumentError(
+            StrCat("session file '", path, "': every turn must be a string"));
+      }
+      turns.push_back(t.get<std::string>());
+    }
+  } else {
+    std::string line;
+    std::istringstream lines(text);
+    while (std::getline(lines, line)) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) turns.push_back(line);
+    }
+  }
+  if (turns.empty())
+    return absl::InvalidArgumentError(StrCat("session file '", path, "' has no turns"));
+  return turns;
+}
+
+// Runs each turn as the next user message of one conversation, reusing the KV of everything
+// the previous turns computed (unless --no-prefix-reuse), and prints each answer with its
+// time to first token and the number of prompt tokens served from the cache.
+int SessionLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req,
+                  const std::vector<std::string>& turns) {
+  const model::ChatTemplate* tmpl = e.chat_template();
+  if (tmpl == nullptr)
+    return Fail(absl::FailedPreconditionError("--session needs a model with a chat template"));
+  req.reuse_prefix = !f.Has("no-prefix-reuse");
+  std::vector<model::ChatMessage> messages;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    messages.push_back({"user", turns[i]});
+    req.prompt = e.tokenizer().Encode(tmpl->Render(messages, true), /*parse_special=*/true);
+    auto r = e.Generate(req);
+    if (!r.ok()) return Fail(r.status());
+    messages.push_back({"assistant", r->text});
+    if (f.Has("json")) {
+      json j = {{"turn", i + 1},
+                {"prompt_tokens", r->prompt_tokens},
+                {"cached_tokens", r->cached_tokens},
+                {"ttft_ms", r->prefill_ms},
+                {"tokens", r->tokens},
+                {"decode_ms", r->decode_ms}};
+      j["text"] = r->text;
+      std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    } else {
+      std::cout << "[turn " << i + 1 << "] " << r->prompt_tokens << " prompt tokens, "
+                << r->cached_tokens << " cached, TTFT " << r->prefill_ms << " ms\n"
+                << r->text << "\n";
+    }
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2,
                         With(kLaunchFlags, {"model", "prompt", "max-tokens", "temperature", "top-k",
-                                            "top-p", "repeat-penalty", "seed"}),
-                        {"chat", "json", "print-plan", "ignore-eos"});
+                                            "top-p", "repeat-penalty", "seed", "session"}),
+                        {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse"});
   if (!f.ok()) return Fail(f.status());
-  if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("run: --prompt is required"));
+  if (f->Has("prompt") == f->Has("session")) {
+    return Fail(absl::InvalidArgumentError("run: give exactly one of --prompt and --session"));
+  }
+  std::vector<std::string> turns;
+  if (f->Has("session")) {
+    auto t = ReadSession(f->String("session", ""));
+    if (!t.ok()) return Fail(t.status());
+    turns = std::move(*t);
+  }
   worker::GenerateRequest req;
   auto max_tokens = f->Int("max-tokens", 256, 0, 1 << 24);
   auto temp = f->Float("temperature", 0.8, 0.0, 100.0);
@@ -77,6 +156,9 @@ int Run(int argc, char** argv) {
   req.ignore_eos = f->Has("ignore-eos");
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
+  if (!turns.empty()) {
+    return RunLaunched(launch, [&] { return SessionLeader(*f, *launch.engine, req, turns); });
+  }
   return RunLaunched(launch, [&] { return RunLeader(*f, *launch.engine, req); });
 }
 

@@ -69,6 +69,10 @@ absl::Status Engine::Execute(Op op, std::span<const int32_t> tokens, std::span<f
     case Op::kForward:
       if (!cache_) return absl::FailedPreconditionError("forward before reset");
       return forward_->Forward(tokens, *cache_, logits);
+    case Op::kTruncate:
+      if (!cache_) return absl::FailedPreconditionError("truncate before reset");
+      cache_->set_size(std::min<int64_t>(cache_->size(), static_cast<int64_t>(tokens.size())));
+      return absl::OkStatus();
     case Op::kStop:
       return absl::OkStatus();
   }
@@ -77,13 +81,14 @@ absl::Status Engine::Execute(Op op, std::span<const int32_t> tokens, std::span<f
 
 absl::Status Engine::Step(Op op, std::span<const int32_t> tokens, std::span<float> logits) {
   if (world_ != nullptr && world_->size() > 1) {
-    // Header: op, token count, whether logits are wanted; then the tokens.
+    // Header: op, token count, whether logits are wanted; then the tokens (for kTruncate the
+    // count alone is the number of positions to keep, and no tokens follow).
     int32_t hdr[3] = {static_cast<int32_t>(op), static_cast<int32_t>(tokens.size()),
                       logits.empty() ? 0 : 1};
     if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(hdr), sizeof(hdr)}, 0); !s.ok()) {
       return s;
     }
-    if (!tokens.empty()) {
+    if (!tokens.empty() && op != Op::kTruncate) {
       std::vector<int32_t> copy(tokens.begin(), tokens.end());
       if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(copy.data()), copy.size() * 4}, 0);
           !s.ok()) {
@@ -107,7 +112,7 @@ absl::Status Engine::ServeFollower() {
     if (op == Op::kStop) return absl::OkStatus();
     if (hdr[1] < 0 || hdr[1] > ctx_size_) return absl::InternalError("follower: bad step header");
     tokens.resize(hdr[1]);
-    if (!tokens.empty()) {
+    if (!tokens.empty() && op != Op::kTruncate) {
       if (auto s =
               world_->Broadcast({reinterpret_cast<uint8_t*>(tokens.data()), tokens.size() * 4}, 0);
           !s.ok()) {
@@ -158,8 +163,28 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
   const double comm0 = forward_->comm_seconds();
   const int64_t calls0 = forward_->comm_calls();
   auto t0 = std::chrono::steady_clock::now();
-  if (auto s = Step(Op::kReset, {}, {}); !s.ok()) return s;
-  if (auto s = Step(Op::kForward, req.prompt, logits); !s.ok()) return s;
+  // The reusable prefix: shared with the cached sequence, and at least one token left to run
+  // (its logits start the answer).
+  size_t keep = 0;
+  if (req.reuse_prefix && cache_) {
+    while (keep < cached_tokens_.size() && keep + 1 < req.prompt.size() &&
+           cached_tokens_[keep] == req.prompt[keep]) {
+      ++keep;
+    }
+  }
+  if (keep > 0) {
+    // Only the count matters to kTruncate; the prompt's first `keep` ids carry it.
+    if (auto s = Step(Op::kTruncate, std::span(req.prompt).first(keep), {}); !s.ok()) return s;
+  } else if (auto s = Step(Op::kReset, {}, {}); !s.ok()) {
+    return s;
+  }
+  cached_tokens_.assign(req.prompt.begin(), req.prompt.begin() + keep);
+  r.cached_tokens = static_cast<int64_t>(keep);
+  if (auto s = Step(Op::kForward, std::span(req.prompt).subspan(keep), logits); !s.ok()) {
+    cached_tokens_.clear();
+    return s;
+  }
+  cached_tokens_.insert(cached_tokens_.end(), req.prompt.begin() + keep, req.prompt.end());
   r.prefill_ms = MsSince(t0);
   t0 = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < req.max_tokens; ++i) {
@@ -175,6 +200,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
     if (cache_->size() + 1 > ctx_size_) break;  // context full: stop as "length"
     const int32_t one[1] = {tok};
     if (auto s = Step(Op::kForward, one, logits); !s.ok()) return s;
+    cached_tokens_.push_back(tok);
   }
   r.decode_ms = MsSince(t0);
   r.comm_ms = (forward_->comm_seconds() - comm0) * 1e3;
@@ -186,8 +212,10 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
 absl::StatusOr<std::vector<float>> Engine::LastLogits(const std::vector<int32_t>& prompt) {
   if (auto s = CheckPrompt(prompt); !s.ok()) return s;
   std::vector<float> logits(model_->config().n_vocab);
+  cached_tokens_.clear();
   if (auto s = Step(Op::kReset, {}, {}); !s.ok()) return s;
   if (auto s = Step(Op::kForward, prompt, logits); !s.ok()) return s;
+  cached_tokens_ = prompt;
   return logits;
 }
 

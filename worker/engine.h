@@ -40,6 +40,9 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;  // token ids
   int32_t max_tokens = 256;
   bool ignore_eos = false;  // keep generating past end-of-generation tokens (benchmarks, tests)
+  // Reuse the KV of the longest prefix this prompt shares with the engine's previous sequence
+  // (a session's earlier turns): only the rest is prefilled. Off: a fresh context.
+  bool reuse_prefix = false;
   model::SamplingParams sampling;
 };
 
@@ -51,6 +54,7 @@ struct GenerateResult {
   double comm_ms = 0;  // time in TP collectives during this request (0 with one rank)
   int64_t comm_calls = 0;
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose KV was reused (reuse_prefix)
 };
 
 class Engine {
@@ -83,7 +87,8 @@ class Engine {
   absl::Status StopFollowers();
 
  private:
-  enum class Op : int32_t { kStop = 0, kReset = 1, kForward = 2 };
+  // kTruncate keeps the first n cached positions (n in the step header).
+  enum class Op : int32_t { kStop = 0, kReset = 1, kForward = 2, kTruncate = 3 };
   Engine() = default;
   absl::Status CheckPrompt(const std::vector<int32_t>& prompt) const;
   // Leader: broadcasts the step to the followers, then runs it here.
@@ -96,6 +101,7 @@ class Engine {
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<kvstore::KvCache> cache_;  // the current sequence
+  std::vector<int32_t> cached_tokens_;       // tokens whose K/V fill cache_ (leader only)
   comm::Communicator* comm_ = nullptr;
   comm::Communicator* world_ = nullptr;
   int64_t ctx_size_ = 0;

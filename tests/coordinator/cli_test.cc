@@ -54,7 +54,7 @@ void ExpectOneLineError(const std::vector<std::string>& args, const std::string&
 
 TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"frobnicate"}, "unknown command 'frobnicate'");
-  ExpectOneLineError({"run"}, "--prompt is required");
+  ExpectOneLineError({"run"}, "give exactly one of --prompt and --session");
   ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"},
                      "--temperature must be a number in [0, 100]");
   ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", "abc"},
@@ -68,6 +68,15 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
   ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");
   ExpectOneLineError({"model", "push"}, "kvmesh model pull");
+  ExpectOneLineError({"run", "--prompt", "x", "--session", "s.txt"},
+                     "give exactly one of --prompt and --session");
+  ExpectOneLineError({"run", "--session", "/nonexistent/session.txt"},
+                     "cannot open session file '/nonexistent/session.txt'");
+  ExpectOneLineError({"run", "--session", WriteTemp("bad.json", "[\"ok\", 3]")},
+                     "every turn must be a string");
+  ExpectOneLineError({"run", "--session", WriteTemp("broken.json", "[\"unterminated")},
+                     "not a JSON array of strings");
+  ExpectOneLineError({"run", "--session", WriteTemp("empty.txt", "\n  \n")}, "has no turns");
 }
 
 TEST(Cli, BadModelFiles) {
@@ -118,6 +127,19 @@ TEST(Cli, RealModelCommands) {
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(nlohmann::json::parse(again.out).at("tokens"), j.at("tokens"));  // same seed
   EXPECT_EQ(nlohmann::json::parse(again.out).at("text"), j.at("text"));
+
+  // A two-turn session (one turn per line): the second turn reuses the first turn's KV.
+  const Result ses =
+      Kvmesh({"run", "--model", model, "--temperature", "0", "--max-tokens", "12", "--session",
+              WriteTemp("session.txt", "Name a colour.\nAnother one?\n")});
+  ASSERT_EQ(ses.code, 0) << ses.err;
+  EXPECT_NE(ses.out.find("[turn 1] "), std::string::npos) << ses.out;
+  EXPECT_NE(ses.out.find(" 0 cached"), std::string::npos) << ses.out;
+  const size_t t2 = ses.out.find("[turn 2] ");
+  ASSERT_NE(t2, std::string::npos) << ses.out;
+  const size_t comma = ses.out.find(" prompt tokens, ", t2);
+  ASSERT_NE(comma, std::string::npos);
+  EXPECT_GT(std::stoi(ses.out.substr(comma + 16)), 20) << ses.out;  // cached tokens of turn 2
 
   const Result tok = Kvmesh({"tokenize", "--model", model, "--text", "Hello world 42<|im_end|>"});
   ASSERT_EQ(tok.code, 0) << tok.err;

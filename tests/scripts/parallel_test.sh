@@ -56,6 +56,28 @@ PY
   done
 done
 
+# A multi-turn session with prefix reuse: the same answers under every layout.
+python3 - "$work/session.json" <<'PY'
+import json, sys
+doc = " ".join(f"Item {i} is kept on shelf {i % 4}." for i in range(1, 30))
+json.dump([doc + " Where is item 9?", "And item 14?"], open(sys.argv[1], "w"))
+PY
+"$bin" run --model "$model" --threads 1 --temperature 0 --max-tokens 16 --json --session "$work/session.json" >"$work/session.ref" || fail "session run"
+for cfg in "2 1" "1 2"; do
+  read -r tp pp <<<"$cfg"
+  "${mpi[@]}" -np $((tp * pp)) "$bin" run --tp "$tp" --pp "$pp" --model "$model" --threads 1 --temperature 0 \
+    --max-tokens 16 --json --session "$work/session.json" >"$work/session.$tp.$pp" 2>"$work/err" || fail "session tp=$tp pp=$pp: $(tail -n 3 "$work/err")"
+  python3 - "$work/session.ref" "$work/session.$tp.$pp" <<'PY' || fail "session tp=$tp pp=$pp differs"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [t["tokens"] for t in a] == [t["tokens"] for t in b], "tokens differ"
+assert [t["cached_tokens"] for t in a] == [t["cached_tokens"] for t in b], "cached counts differ"
+assert b[1]["cached_tokens"] > 0, "turn 2 reused nothing"
+PY
+  echo "session tp=$tp pp=$pp: same answers, turn 2 reused $(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[1])['cached_tokens'])" "$work/session.$tp.$pp") tokens"
+done
+
 # --print-plan shows a balanced split for tp = 2 (9 query heads: 5 + 4).
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --prompt hi --max-tokens 1 --print-plan >/dev/null 2>"$work/plan" || fail "print-plan"
 grep -q "rank 0: stage 0 layers \[0,30), tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"

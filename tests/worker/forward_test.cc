@@ -199,3 +199,57 @@ TEST_F(RealModel, SeededSamplingIsReproducible) {
 
 }  // namespace
 }  // namespace kvmesh::worker
+
+namespace kvmesh::worker {
+namespace {
+
+// Multi-turn: with prefix reuse each turn prefills only what the conversation added, and the
+// greedy answers are exactly those of prefilling every turn from scratch.
+TEST_F(RealModel, SessionPrefixReuseKeepsAnswersAndSkipsCachedTokens) {
+  const model::ChatTemplate* tmpl = engine_->chat_template();
+  ASSERT_NE(tmpl, nullptr);
+  std::string doc;
+  for (int i = 1; i <= 25; ++i) {
+    doc += "Item " + std::to_string(i) + " is kept on shelf " + std::to_string(i % 4) + ". ";
+  }
+  const std::vector<std::string> turns = {doc + "\nWhere is item 9?", "And item 14?",
+                                          "How many shelves are there?"};
+  auto run = [&](bool reuse) {
+    std::vector<model::ChatMessage> messages;
+    std::vector<GenerateResult> out;
+    for (const auto& t : turns) {
+      messages.push_back({"user", t});
+      GenerateRequest req;
+      req.prompt = engine_->tokenizer().Encode(tmpl->Render(messages, true), true);
+      req.max_tokens = 24;
+      req.sampling.temperature = 0;
+      req.reuse_prefix = reuse;
+      auto r = engine_->Generate(req);
+      EXPECT_TRUE(r.ok()) << r.status();
+      messages.push_back({"assistant", r->text});
+      out.push_back(*r);
+    }
+    return out;
+  };
+  const auto fresh = run(false);
+  // An unrelated request in between: reuse must notice the cache holds something else.
+  ASSERT_TRUE(engine_->LastLogits(engine_->tokenizer().Encode("Unrelated text.", false)).ok());
+  const auto reused = run(true);
+  ASSERT_EQ(fresh.size(), reused.size());
+  int64_t last_cached = 0;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "turn " << i + 1;
+    EXPECT_EQ(fresh[i].cached_tokens, 0);
+    if (i == 0) {
+      EXPECT_EQ(reused[i].cached_tokens, 0);  // the unrelated request shares no prefix
+    } else {
+      // Everything but the new user turn (and the template tokens around it) is reused.
+      EXPECT_GT(reused[i].cached_tokens, last_cached);
+      EXPECT_GE(reused[i].cached_tokens, reused[i - 1].prompt_tokens);
+    }
+    last_cached = reused[i].cached_tokens;
+  }
+}
+
+}  // namespace
+}  // namespace kvmesh::worker
