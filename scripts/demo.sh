@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The kvmesh main job, end to end on this machine: install and build, fetch the model, and ask
-# the real model a question through the single-process engine (`kvmesh run --chat`).
+# The kvmesh main job, end to end on this machine: install and build, fetch the model, ask the
+# real model a question, then hold a three-turn conversation over a ~1,300-token document,
+# printing each answer with its time to first token and how many prompt tokens came from the
+# KV cache of the earlier turns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,3 +11,15 @@ model="$(scripts/model_pull.sh)"
 question="${1:-What is the capital of France?}"
 echo "== kvmesh run --chat --temperature 0 --prompt \"$question\"" >&2
 build/bin/kvmesh run --model "$model" --chat --temperature 0 --max-tokens 128 --prompt "$question"
+
+session="$(mktemp)"
+trap 'rm -f "$session"' EXIT
+python3 - "$session" <<'PY'
+import json, sys
+doc = " ".join(f"Section {i}: the cluster stores block {i} of the shared context on tier {i % 3}."
+               for i in range(1, 60))
+json.dump([f"Here is a document:\n{doc}\n\nWhich tier stores block 7?", "And block 12?",
+           "Which tier stores block 30?"], open(sys.argv[1], "w"))
+PY
+echo "== kvmesh run --session (3 turns over one document, prefix reuse on)" >&2
+build/bin/kvmesh run --model "$model" --session "$session" --temperature 0 --max-tokens 48
