@@ -186,6 +186,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& req,
   }
   cached_tokens_.insert(cached_tokens_.end(), req.prompt.begin() + keep, req.prompt.end());
   r.prefill_ms = MsSince(t0);
+  if (req.return_logits) r.first_logits = logits;
   t0 = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < req.max_tokens; ++i) {
     const int32_t tok = sampler.Sample(logits, history);

@@ -43,6 +43,7 @@ struct GenerateRequest {
   // Reuse the KV of the longest prefix this prompt shares with the engine's previous sequence
   // (a session's earlier turns): only the rest is prefilled. Off: a fresh context.
   bool reuse_prefix = false;
+  bool return_logits = false;  // fill GenerateResult::first_logits (tests, debugging)
   model::SamplingParams sampling;
 };
 
@@ -54,7 +55,8 @@ struct GenerateResult {
   double comm_ms = 0;  // time in TP collectives during this request (0 with one rank)
   int64_t comm_calls = 0;
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt tokens whose KV was reused (reuse_prefix)
+  int64_t cached_tokens = 0;        // prompt tokens whose KV was reused (reuse_prefix)
+  std::vector<float> first_logits;  // the prompt's last-position logits, if return_logits
 };
 
 class Engine {

@@ -224,6 +224,7 @@ TEST_F(RealModel, SessionPrefixReuseKeepsAnswersAndSkipsCachedTokens) {
       req.max_tokens = 24;
       req.sampling.temperature = 0;
       req.reuse_prefix = reuse;
+      req.return_logits = true;
       auto r = engine_->Generate(req);
       EXPECT_TRUE(r.ok()) << r.status();
       messages.push_back({"assistant", r->text});
@@ -239,6 +240,11 @@ TEST_F(RealModel, SessionPrefixReuseKeepsAnswersAndSkipsCachedTokens) {
   int64_t last_cached = 0;
   for (size_t i = 0; i < fresh.size(); ++i) {
     EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "turn " << i + 1;
+    // Same logits up to the summation order of a shorter prefill (as in the incremental test).
+    const auto& a = reused[i].first_logits;
+    const auto& b = fresh[i].first_logits;
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_LT(RelL2(a.data(), b.data(), a.size()), 1e-3) << "turn " << i + 1;
     EXPECT_EQ(fresh[i].cached_tokens, 0);
     if (i == 0) {
       EXPECT_EQ(reused[i].cached_tokens, 0);  // the unrelated request shares no prefix
