@@ -1,6 +1,6 @@
 // Instruction-set selection for the CPU kernels: detected once from CPUID, overridable with the
 // environment variable KVMESH_ISA=scalar|avx2|avx512 (a level the CPU lacks is ignored), or
-// SetIsa for tests. avx2 means AVX2+FMA+F16C; avx512 adds AVX-512 F/BW/VL/VNNI.
+// SetIsa for tests. avx2 means AVX2+FMA+F16C; avx512 adds AVX-512 F/DQ/BW/VL/VNNI.
 #pragma once
 
 #include <string_view>

@@ -75,6 +75,19 @@ static_assert(sizeof(BlockA16) == 72);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits of
+// bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
+// from the top of bytes 0..3 / 4..7.
+inline void UnpackScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 // Bytes of a row of n elements of type t; n must be a multiple of the block size.
 inline int64_t RowBytes(DType t, int64_t n) {
   const DTypeTraits tr = TraitsOf(t);

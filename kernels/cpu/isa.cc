@@ -23,8 +23,9 @@ Isa Detect() {
   if ((xcr0_lo & 6u) != 6u) return Isa::kScalar;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::kScalar;
   if (!(b & (1u << 5))) return Isa::kScalar;
-  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31)) &&  // F BW VL
-                      (c & (1u << 11));                                            // VNNI
+  // AVX-512 F (EBX 16), DQ (17), BW (30), VL (31), VNNI (ECX 11).
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) &&
+                      (b & (1u << 31)) && (c & (1u << 11));
   // ... and the OS must save the opmask and ZMM state (XCR0 bits 5..7).
   if (avx512 && (xcr0_lo & 0xE0u) == 0xE0u) return Isa::kAvx512;
   return Isa::kAvx2;

@@ -10,7 +10,10 @@ namespace {
 
 constexpr int64_t kRowTile = 16;  // weight rows kept hot in L1 while all tokens stream past
 
-bool IsIntegerPath(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0; }
+bool IsIntegerPath(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
+         t == DType::kQ6_K;
+}
 
 // Quantises the tokens' activations once (in parallel over tokens) into `buf`.
 const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols, ThreadPool& pool,
@@ -88,6 +91,10 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
       return QuantTile<BlockQ4_0>(a, r0, r1, xq, d.q4_0_a16, d.q4_0_tile);
     case DType::kQ8_0:
       return QuantTile<BlockQ8_0>(a, r0, r1, xq, d.q8_0_a16, d.q8_0_tile);
+    case DType::kQ4_K:
+      return QuantTile<BlockQ4_K>(a, r0, r1, xq, d.q4_k_a16, nullptr);
+    case DType::kQ6_K:
+      return QuantTile<BlockQ6_K>(a, r0, r1, xq, d.q6_k_a16, nullptr);
     default:
       return FloatTile(a, r0, r1);
   }

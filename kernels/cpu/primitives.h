@@ -14,6 +14,10 @@ struct Primitives {
   float (*q4_0_a16)(const BlockQ4_0* x, const BlockA16* y, int64_t nb);
   float (*q4_1_a16)(const BlockQ4_1* x, const BlockA16* y, int64_t nb);
   float (*q8_0_a16)(const BlockQ8_0* x, const BlockA16* y, int64_t nb);
+  // K-quant super-blocks (256 elements = 8 activation blocks); nb still counts 32-element
+  // activation blocks (a multiple of 8).
+  float (*q4_k_a16)(const BlockQ4_K* x, const BlockA16* y, int64_t nb);
+  float (*q6_k_a16)(const BlockQ6_K* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   float (*f32_f16)(const float* x, const uint16_t* y, int64_t n);
   // y[i] = y[i] * s + a * fp16(v[i])

@@ -215,6 +215,9 @@ const Primitives& Avx2Primitives() {
   static const Primitives t{.q4_0_a16 = DotQ4_0A16,
                             .q4_1_a16 = DotQ4_1A16,
                             .q8_0_a16 = DotQ8_0A16,
+                            // K-quants: the scalar integer dots (AVX-512 has vector ones).
+                            .q4_k_a16 = ScalarPrimitives().q4_k_a16,
+                            .q6_k_a16 = ScalarPrimitives().q6_k_a16,
                             .f32_f32 = DotF32F32,
                             .f32_f16 = DotF32F16,
                             .scale_axpy_f16 = ScaleAxpyF16,

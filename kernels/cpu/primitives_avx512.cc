@@ -7,7 +7,8 @@
 
 #include "kernels/cpu/primitives.h"
 
-#define KVMESH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define KVMESH_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,fma")))
 
 namespace kvmesh::kernels::cpu {
 namespace {
@@ -53,6 +54,72 @@ KVMESH_AVX512 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb
         _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
     const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, LoadA(y[i].qs));
     acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// Q4_K: per 64 elements, 32 bytes of nibbles: the low nibbles are one activation block, the
+// high nibbles the next; each with its own 6-bit scale and min.
+KVMESH_AVX512 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  float mins = 0.0f;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+      const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(q, mask));
+      const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask));
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * c + half;
+        const BlockA16& a = y[i * 8 + j];
+        uint8_t sc, mn;
+        UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
+        const __m512i s =
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), half ? hi : lo, _mm512_loadu_si512(a.qs));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc * a.d), _mm512_cvtepi32_ps(s), acc);
+        mins += dmin * mn * a.d * static_cast<float>(a.sum);
+      }
+    }
+  }
+  return _mm512_reduce_add_ps(acc) - mins;
+}
+
+// Q6_K: 6-bit values from 4 low bits (ql) and 2 high bits (qh), minus 32; a 16-element scale,
+// so an activation block's 16 int32 lanes take two scales (lanes 0-7 and 8-15).
+KVMESH_AVX512 float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+  const __m256i bias = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = H2F(x[i].d);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x[i].ql + 64 * h;
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      // The four groups of 32 elements of this half, in element order.
+      __m256i g[4];
+      g[0] =
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+      g[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+      g[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+      g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      for (int k = 0; k < 4; ++k) {
+        const int b = h * 4 + k;  // activation block within the super-block
+        const BlockA16& a = y[i * 8 + b];
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_sub_epi8(g[k], bias));
+        const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(a.qs));
+        const __m512 scale =
+            _mm512_insertf32x8(_mm512_set1_ps(static_cast<float>(x[i].scales[2 * b])),
+                               _mm256_set1_ps(static_cast<float>(x[i].scales[2 * b + 1])), 1);
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(d * a.d)), _mm512_cvtepi32_ps(s),
+                              acc);
+      }
+    }
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -171,6 +238,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_a16 = DotQ4_0A16;
     d.q4_1_a16 = DotQ4_1A16;
     d.q8_0_a16 = DotQ8_0A16;
+    d.q4_k_a16 = DotQ4_KA16;
+    d.q6_k_a16 = DotQ6_KA16;
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;

@@ -46,6 +46,62 @@ float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) {
   return sum;
 }
 
+// Sub-block j of a Q4_K super-block (32 elements, one activation block): values d*sc*q - dmin*m,
+// so its dot is d*sc*d_a*sum(q a) - dmin*m*d_a*sum(a).
+float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = Fp16ToFloat(x[i].d), dmin = Fp16ToFloat(x[i].dmin);
+    const uint8_t* q = x[i].qs;
+    for (int c = 0; c < 4; ++c) {
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * c + half;
+        const BlockA16& a = y[i * 8 + j];
+        uint8_t sc, mn;
+        UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
+        int32_t s = 0;
+        for (int l = 0; l < 32; ++l) s += (half ? (q[l] >> 4) : (q[l] & 0xF)) * a.qs[l];
+        sum += a.d * (d * sc * static_cast<float>(s) - dmin * mn * static_cast<float>(a.sum));
+      }
+      q += 32;
+    }
+  }
+  return sum;
+}
+
+// Q6_K: 16 sub-blocks of 16 with int8 scales; an activation block covers two of them.
+float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = Fp16ToFloat(x[i].d);
+    int8_t qv[kQKK];
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    for (int h = 0; h < 2; ++h) {
+      for (int l = 0; l < 32; ++l) {
+        qv[h * 128 + l] = static_cast<int8_t>(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+        qv[h * 128 + l + 32] =
+            static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+        qv[h * 128 + l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+        qv[h * 128 + l + 96] =
+            static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      }
+      ql += 64;
+      qh += 32;
+    }
+    for (int b = 0; b < 8; ++b) {
+      const BlockA16& a = y[i * 8 + b];
+      int32_t s0 = 0, s1 = 0;
+      for (int l = 0; l < 16; ++l) s0 += qv[b * 32 + l] * a.qs[l];
+      for (int l = 16; l < 32; ++l) s1 += qv[b * 32 + l] * a.qs[l];
+      sum += d * a.d *
+             (x[i].scales[2 * b] * static_cast<float>(s0) +
+              x[i].scales[2 * b + 1] * static_cast<float>(s1));
+    }
+  }
+  return sum;
+}
+
 float DotF32F32(const float* x, const float* y, int64_t n) {
   float s = 0.0f;
   for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
@@ -105,6 +161,8 @@ const Primitives& ScalarPrimitives() {
   static const Primitives t{.q4_0_a16 = DotQ4_0A16,
                             .q4_1_a16 = DotQ4_1A16,
                             .q8_0_a16 = DotQ8_0A16,
+                            .q4_k_a16 = DotQ4_KA16,
+                            .q6_k_a16 = DotQ6_KA16,
                             .f32_f32 = DotF32F32,
                             .f32_f16 = DotF32F16,
                             .scale_axpy_f16 = ScaleAxpyF16,

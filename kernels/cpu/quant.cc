@@ -38,19 +38,6 @@ DTypeTraits TraitsOf(DType t) {
 
 namespace {
 
-// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits of
-// bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
-// from the top of bytes 0..3 / 4..7.
-inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 void DequantQ4_0(const BlockQ4_0* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFloat(b[i].d);
@@ -86,9 +73,9 @@ void DequantQ4_K(const BlockQ4_K* b, float* y, int64_t nb) {
     // 4 chunks of 64 elements: 32 low nibbles with sub-block 2c, 32 high nibbles with 2c+1.
     for (int c = 0; c < 4; ++c) {
       uint8_t sc, mn;
-      ScaleMinK4(2 * c, b[i].scales, &sc, &mn);
+      UnpackScaleMinK4(2 * c, b[i].scales, &sc, &mn);
       const float d1 = d * sc, m1 = dmin * mn;
-      ScaleMinK4(2 * c + 1, b[i].scales, &sc, &mn);
+      UnpackScaleMinK4(2 * c + 1, b[i].scales, &sc, &mn);
       const float d2 = d * sc, m2 = dmin * mn;
       for (int l = 0; l < 32; ++l) out[c * 64 + l] = d1 * (q[l] & 0xF) - m1;
       for (int l = 0; l < 32; ++l) out[c * 64 + 32 + l] = d2 * (q[l] >> 4) - m2;
