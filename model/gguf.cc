@@ -316,12 +316,13 @@ absl::Status GgufFile::Parse() {
   uint64_t n_tensors = 0, n_kv = 0;
   if (!c.Read(&n_tensors) || !c.Read(&n_kv)) return InvalidArgumentError("gguf: truncated header");
   // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at least
-  // 8 + 4 + 4 + 8. Reject counts the file cannot hold before reserving anything.
+  // 8 + 4 + 8 + 4 + 8 (name length, n_dims, one dim, type, offset). Reject counts the file
+  // cannot hold before reserving anything.
   if (n_kv > c.remaining() / 13) {
     return InvalidArgumentError(
         StrCat("gguf: key/value count ", n_kv, " exceeds what the file can hold"));
   }
-  if (n_tensors > c.remaining() / 24) {
+  if (n_tensors > c.remaining() / 32) {
     return InvalidArgumentError(
         StrCat("gguf: tensor count ", n_tensors, " exceeds what the file can hold"));
   }
@@ -366,7 +367,7 @@ absl::Status GgufFile::Parse() {
           return InvalidArgumentError(StrCat("gguf: key '", key, "': array of ", v.count,
                                              " strings runs past end of file"));
         }
-        v.strings.reserve(v.count);
+        v.strings.reserve(std::min<uint64_t>(v.count, 1u << 16));  // grows with bytes read
         for (uint64_t i = 0; i < v.count; ++i) {
           std::string_view s;
           if (!c.ReadString(&s))
@@ -392,7 +393,7 @@ absl::Status GgufFile::Parse() {
     alignment_ = a->u;
   }
 
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(std::min<uint64_t>(n_tensors, 1u << 12));  // grows with bytes read
   for (uint64_t ti = 0; ti < n_tensors; ++ti) {
     GgufTensorInfo t;
     std::string_view name;

@@ -51,8 +51,12 @@ absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_siz
         StrCat("--tp ", tp_size, " is larger than the model's ", c.n_heads, " query heads"));
   }
   // Column slices must not cut a quantisation block of O or down.
-  const int64_t down_block = kernels::TraitsOf(m.layer(0).w_down.type).block_elems;
-  const int64_t o_block = kernels::TraitsOf(m.layer(0).wo.type).block_elems;
+  // Layers may mix types: cut at the largest block any layer's O / down uses.
+  int64_t down_block = 1, o_block = 1;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    down_block = std::max(down_block, kernels::TraitsOf(m.layer(l).w_down.type).block_elems);
+    o_block = std::max(o_block, kernels::TraitsOf(m.layer(l).wo.type).block_elems);
+  }
   if (c.n_ff / down_block < tp_size) {
     return absl::InvalidArgumentError(StrCat("--tp ", tp_size, ": the MLP width ", c.n_ff,
                                              " has fewer than ", tp_size, " blocks of ",

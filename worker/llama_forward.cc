@@ -194,8 +194,7 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
         pool_);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
-      if (auto s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n * E)}); !s.ok())
-        return s;
+      if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
 
@@ -206,8 +205,7 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
     kernels::SwiGluCpu(gate_.data(), up_.data(), gate_.data(), n * F);
     kernels::MatMulCpu(MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
-      if (auto s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n * E)}); !s.ok())
-        return s;
+      if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   }

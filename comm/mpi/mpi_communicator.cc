@@ -113,6 +113,10 @@ bool MpiRuntime::LaunchedWithMultipleRanks() {
 absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Init(int* argc, char*** argv) {
   int provided = 0;
   KVMESH_MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  if (provided < MPI_THREAD_FUNNELED) {
+    MPI_Finalize();
+    return absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
+  }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   std::unique_ptr<MpiRuntime> r(new MpiRuntime());
   MPI_Comm_rank(MPI_COMM_WORLD, &r->rank_);
