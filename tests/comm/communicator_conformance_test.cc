@@ -11,11 +11,12 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "tests/util/mpi_test_main.h"
 
 namespace kvmesh::comm {
 namespace {
 
-comm::MpiRuntime* g_mpi = nullptr;
+comm::MpiRuntime* g_mpi = nullptr;  // set by main()
 
 struct Backend {
   const char* name;
@@ -115,17 +116,5 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
 }  // namespace kvmesh::comm
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto mpi = kvmesh::comm::MpiRuntime::Init(&argc, &argv);
-  if (!mpi.ok()) return 1;
-  kvmesh::comm::g_mpi = mpi->get();
-  // Only rank 0 prints gtest's report; every rank's failures still fail its exit code.
-  if ((*mpi)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  int any = rc, worst = 0;
-  MPI_Allreduce(&any, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  return kvmesh::testing::RunMpiTests(argc, argv, &kvmesh::comm::g_mpi);
 }

@@ -9,11 +9,12 @@
 
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "tests/util/mpi_test_main.h"
 
 namespace kvmesh::comm {
 namespace {
 
-MpiRuntime* g_mpi = nullptr;
+MpiRuntime* g_mpi = nullptr;  // set by main()
 
 class Nccl : public ::testing::Test {
  protected:
@@ -98,16 +99,5 @@ TEST_F(Nccl, AllReduceBroadcastGatherSendRecv) {
 }  // namespace kvmesh::comm
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto mpi = kvmesh::comm::MpiRuntime::Init(&argc, &argv);
-  if (!mpi.ok()) return 1;
-  kvmesh::comm::g_mpi = mpi->get();
-  if ((*mpi)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  return kvmesh::testing::RunMpiTests(argc, argv, &kvmesh::comm::g_mpi);
 }
