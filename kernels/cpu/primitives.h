@@ -56,5 +56,16 @@ void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const 
                int64_t ks, int64_t n, float scale, float* scores, int64_t ss);
 void GenericPv(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
                const uint16_t* v, int64_t vs, int64_t n, float* o, int64_t os);
+// The same, bound to one ISA's table, as entries for that table.
+template <const Primitives& (*Table)()>
+void GenericQkOf(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n,
+                 float scale, float* scores, int64_t ss) {
+  GenericQk(Table(), q, G, d, k, ks, n, scale, scores, ss);
+}
+template <const Primitives& (*Table)()>
+void GenericPvOf(const float* pr, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs,
+                 int64_t n, float* o, int64_t os) {
+  GenericPv(Table(), pr, ps, G, d, v, vs, n, o, os);
+}
 
 }  // namespace kvmesh::kernels::cpu

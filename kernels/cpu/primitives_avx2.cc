@@ -200,15 +200,6 @@ KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
   }
 }
 
-void Qk(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n, float scale,
-        float* scores, int64_t ss) {
-  GenericQk(Avx2Primitives(), q, G, d, k, ks, n, scale, scores, ss);
-}
-void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs, int64_t n,
-        float* o, int64_t os) {
-  GenericPv(Avx2Primitives(), p, ps, G, d, v, vs, n, o, os);
-}
-
 }  // namespace
 
 const Primitives& Avx2Primitives() {
@@ -224,8 +215,8 @@ const Primitives& Avx2Primitives() {
                             .quantize_a16 = QuantizeA16,
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,
-                            .qk = Qk,
-                            .pv = Pv,
+                            .qk = GenericQkOf<Avx2Primitives>,
+                            .pv = GenericPvOf<Avx2Primitives>,
                             .to_fp16 = ToFp16};
   return t;
 }

@@ -130,15 +130,6 @@ void ToFp16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
 }
 
-void Qk(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n, float scale,
-        float* scores, int64_t ss) {
-  GenericQk(ScalarPrimitives(), q, G, d, k, ks, n, scale, scores, ss);
-}
-void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs, int64_t n,
-        float* o, int64_t os) {
-  GenericPv(ScalarPrimitives(), p, ps, G, d, v, vs, n, o, os);
-}
-
 }  // namespace
 
 void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const uint16_t* k,
@@ -169,8 +160,8 @@ const Primitives& ScalarPrimitives() {
                             .quantize_a16 = QuantizeRowA16,
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,
-                            .qk = Qk,
-                            .pv = Pv,
+                            .qk = GenericQkOf<ScalarPrimitives>,
+                            .pv = GenericPvOf<ScalarPrimitives>,
                             .to_fp16 = ToFp16};
   return t;
 }
