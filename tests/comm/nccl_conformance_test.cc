@@ -9,6 +9,7 @@
 
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "tests/util/cuda_buffers.h"
 #include "tests/util/mpi_test_main.h"
 
 namespace kvmesh::comm {
@@ -30,66 +31,50 @@ class Nccl : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
   }
-  template <typename T>
-  T* Dev(const std::vector<T>& h) {
-    T* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    bufs_.push_back(d);
-    return d;
-  }
-  template <typename T>
-  std::vector<T> Host(const T* d, size_t n) {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-  void TearDown() override {
-    for (void* p : bufs_) cudaFree(p);
-  }
   std::unique_ptr<Communicator> bootstrap_, c_;
-  std::vector<void*> bufs_;
+  testing::DeviceBuffers dev_;
 };
 
 TEST_F(Nccl, AllReduceBroadcastGatherSendRecv) {
   const int n = c_->size(), r = c_->rank();
   std::vector<float> h(576);
   for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((r + 1) * 1000 + i % 97);
-  float* d = Dev(h);
+  float* d = dev_.Upload(h);
   ASSERT_TRUE(c_->AllReduceSum({d, h.size()}).ok());
-  const auto got = Host(d, h.size());
+  const auto got = dev_.Download(d, h.size());
   for (size_t i = 0; i < h.size(); ++i) {
     ASSERT_EQ(got[i], 1000.0f * n * (n + 1) / 2 + static_cast<float>(n * (i % 97)));
   }
   std::vector<uint8_t> b(100, static_cast<uint8_t>(r));
   if (r == 0) std::iota(b.begin(), b.end(), uint8_t{0});
-  uint8_t* db = Dev(b);
+  uint8_t* db = dev_.Upload(b);
   ASSERT_TRUE(c_->Broadcast({db, b.size()}, 0).ok());
-  const auto gb = Host(db, b.size());
+  const auto gb = dev_.Download(db, b.size());
   for (size_t i = 0; i < gb.size(); ++i) ASSERT_EQ(gb[i], static_cast<uint8_t>(i));
   std::vector<int> counts(n);
   for (int q = 0; q < n; ++q) counts[q] = 3 + q;
-  float* mine = Dev(std::vector<float>(counts[r], static_cast<float>(r)));
-  float* all = Dev(std::vector<float>(std::accumulate(counts.begin(), counts.end(), 0), -1.0f));
+  float* mine = dev_.Upload(std::vector<float>(counts[r], static_cast<float>(r)));
+  float* all =
+      dev_.Upload(std::vector<float>(std::accumulate(counts.begin(), counts.end(), 0), -1.0f));
   ASSERT_TRUE(
       c_->GatherV({mine, static_cast<size_t>(counts[r])},
                   {all, static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), 0))},
                   counts, 0)
           .ok());
   if (r == 0) {
-    const auto ga = Host(all, std::accumulate(counts.begin(), counts.end(), 0));
+    const auto ga = dev_.Download(all, std::accumulate(counts.begin(), counts.end(), 0));
     size_t at = 0;
     for (int q = 0; q < n; ++q) {
       for (int i = 0; i < counts[q]; ++i) ASSERT_EQ(ga[at++], static_cast<float>(q));
     }
   }
   if (n >= 2 && r < 2) {
-    float* buf = Dev(std::vector<float>(64, static_cast<float>(r)));
+    float* buf = dev_.Upload(std::vector<float>(64, static_cast<float>(r)));
     if (r == 0) {
       ASSERT_TRUE(c_->Send({buf, 64}, 1, 0).ok());
     } else {
       ASSERT_TRUE(c_->Recv({buf, 64}, 0, 0).ok());
-      for (float v : Host(buf, 64)) ASSERT_EQ(v, 0.0f);
+      for (float v : dev_.Download(buf, 64)) ASSERT_EQ(v, 0.0f);
     }
   }
   EXPECT_TRUE(c_->Barrier().ok());

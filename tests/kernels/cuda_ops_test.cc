@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "tests/util/cuda_buffers.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -39,24 +40,7 @@ class CudaOps : public ::testing::Test {
                    << "): the CUDA kernels are compiled but can only run where a GPU is present";
     }
   }
-  template <typename T>
-  T* Upload(const std::vector<T>& h) {
-    T* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    bufs_.push_back(d);
-    return d;
-  }
-  template <typename T>
-  std::vector<T> Download(const T* d, size_t n) {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-  void TearDown() override {
-    for (void* p : bufs_) cudaFree(p);
-  }
-  std::vector<void*> bufs_;
+  testing::DeviceBuffers dev_;
 };
 
 TEST_F(CudaOps, RmsNormMatchesCpu) {
@@ -65,12 +49,12 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
     const auto x = Randn(rows * cols, 1), w = Randn(cols, 2);
     std::vector<float> ref(x.size());
     RmsNormCpu({x.data(), w.data(), ref.data(), rows, cols, 1e-5f});
-    float* dx = Upload(x);
-    float* dw = Upload(w);
-    float* dout = Upload(std::vector<float>(x.size()));
+    float* dx = dev_.Upload(x);
+    float* dw = dev_.Upload(w);
+    float* dout = dev_.Upload(std::vector<float>(x.size()));
     ASSERT_EQ(RmsNormCuda({dx, dw, dout, rows, cols, 1e-5f}, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_LT(RelL2(Download(dout, x.size()), ref), 1e-6) << cols;
+    EXPECT_LT(RelL2(dev_.Download(dout, x.size()), ref), 1e-6) << cols;
   }
 }
 
@@ -78,12 +62,12 @@ TEST_F(CudaOps, RopeMatchesCpu) {
   const int64_t tokens = 7, heads = 9, hd = 64;
   auto x = Randn(tokens * heads * hd, 3);
   std::vector<int32_t> pos = {0, 1, 2, 100, 1000, 4095, 8191};
-  float* dx = Upload(x);
-  int32_t* dpos = Upload(pos);
+  float* dx = dev_.Upload(x);
+  int32_t* dpos = dev_.Upload(pos);
   RopeCpu({x.data(), pos.data(), tokens, heads, hd, hd, 100000.0f});
   ASSERT_EQ(RopeCuda({dx, dpos, tokens, heads, hd, hd, 100000.0f}, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_LT(RelL2(Download(dx, x.size()), x), 1e-5);
+  EXPECT_LT(RelL2(dev_.Download(dx, x.size()), x), 1e-5);
 }
 
 }  // namespace
