@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,13 +15,41 @@
 #include "bench/membw.h"
 #include "kernels/isa.h"
 #include "kernels/thread_pool.h"
-#include "kvstore/kv_cache.h"
+#include "kvstore/block_arena.h"
 #include "model/llama_model.h"
 #include "util/str_cat.h"
 #include "worker/llama_forward.h"
 
 namespace kvmesh::bench {
 namespace {
+
+// One sequence over its own arena (blocks 0, 1, ... in order), pre-faulted so page faults are
+// not timed: what a warm server's pool looks like.
+class OneSequence {
+ public:
+  absl::Status Init(const kvstore::KvBlockShape& shape, int64_t positions) {
+    const int64_t n = (positions + shape.block_size - 1) / shape.block_size;
+    auto a = kvstore::KvBlockArena::Create(shape, static_cast<int32_t>(n));
+    if (!a.ok()) return a.status();
+    arena_ = std::move(*a);
+    std::memset(arena_->block(0), 0, static_cast<size_t>(n * shape.block_bytes()));
+    for (int32_t b = 0; b < n; ++b) table_.push_back(b);
+    return absl::OkStatus();
+  }
+  absl::Status Forward(worker::LlamaForward& fwd, std::span<const int32_t> tokens,
+                       std::span<float> logits) {
+    worker::StepPlan plan;
+    plan.seqs.push_back({static_cast<int32_t>(tokens.size()), pos_, !logits.empty(), table_});
+    plan.tokens.assign(tokens.begin(), tokens.end());
+    pos_ += static_cast<int32_t>(tokens.size());
+    return fwd.Forward(plan, *arena_, logits);
+  }
+
+ private:
+  std::unique_ptr<kvstore::KvBlockArena> arena_;
+  std::vector<int32_t> table_;
+  int32_t pos_ = 0;
+};
 
 double RssMib() {
   std::ifstream f("/proc/self/status");
@@ -115,6 +144,7 @@ absl::StatusOr<std::vector<BenchResult>> RunBench(const BenchOptions& o) {
   for (int threads : o.threads) {
     kernels::ThreadPool pool(threads);
     worker::LlamaForward fwd(m, pool);
+    const kvstore::KvBlockShape shape{c.n_layers, c.n_kv_heads, c.head_dim, 16};
     double gbps = 0;
     if (o.bandwidth) gbps = MeasureReadBandwidth(threads).median_gbps;
     for (int depth : o.depth) {
@@ -124,21 +154,21 @@ absl::StatusOr<std::vector<BenchResult>> RunBench(const BenchOptions& o) {
           return absl::InvalidArgumentError(
               StrCat("depth + tokens = ", need, " exceeds the model context ", c.n_ctx_train));
         }
-        kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, need);
-        if (auto s = cache.Reserve(need); !s.ok()) return s;
+        OneSequence seq;
+        if (auto s = seq.Init(shape, need); !s.ok()) return s;
         std::vector<float> logits(c.n_vocab);
         if (depth > 0) {
-          if (auto s = fwd.Forward(random_tokens(depth), cache, {}); !s.ok()) return s;
+          if (auto s = seq.Forward(fwd, random_tokens(depth), {}); !s.ok()) return s;
         }
         const auto prompt = random_tokens(std::max(n_prompt, 1));
         const auto t0 = std::chrono::steady_clock::now();
         if (n_prompt > 0) {
-          if (auto s = fwd.Forward(prompt, cache, logits); !s.ok()) return s;
+          if (auto s = seq.Forward(fwd, prompt, logits); !s.ok()) return s;
         }
         int32_t next = prompt[0];
         for (int i = 0; i < n_gen; ++i) {
           const int32_t one[1] = {next};
-          if (auto s = fwd.Forward(one, cache, logits); !s.ok()) return s;
+          if (auto s = seq.Forward(fwd, one, logits); !s.ok()) return s;
           next = tok(rng);
         }
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -166,17 +196,12 @@ absl::StatusOr<std::vector<BenchResult>> RunBench(const BenchOptions& o) {
         }
         Summarise(r);
         r.rss_mib = RssMib();
-        {
-          kvstore::KvCache kv(c.n_layers, c.n_kv_heads, c.head_dim, depth + p + g + 1);
-          (void)kv.Reserve(depth + p + g + 1);
-          r.kv_mib = double(kv.reserved()) * kv.bytes_per_position() / 1048576.0;
-        }
+        r.kv_mib = double(depth + p + g + 1) * shape.bytes_per_token() / 1048576.0;
         r.model_mib = m.gguf().file_size() / 1048576.0;
         r.rss_budget_mib = r.model_mib + r.kv_mib + 64.0;
         if (g > 0) {
           // Per token: the weights, plus K and V of every cached position (average depth).
-          kvstore::KvCache probe(c.n_layers, c.n_kv_heads, c.head_dim, 1);
-          r.bytes_per_token = weight_bytes + (depth + g / 2.0) * probe.bytes_per_position();
+          r.bytes_per_token = weight_bytes + (depth + g / 2.0) * shape.bytes_per_token();
           r.bandwidth_gbps = gbps;
           if (gbps > 0) r.bound_ts = gbps * 1e9 / r.bytes_per_token;
         }

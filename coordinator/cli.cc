@@ -19,6 +19,7 @@
 #include "coordinator/launch.h"
 #include "kernels/isa.h"
 #include "model/shard.h"
+#include "serving/serving_engine.h"
 #include "util/str_cat.h"
 #include "worker/engine.h"
 
@@ -37,6 +38,8 @@ constexpr char kUsage[] =
     "            [--temperature T] [--no-prefix-reuse]\n"
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
+    "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
+    "            [--max-batched-tokens 512]\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
     "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
@@ -44,14 +47,16 @@ constexpr char kUsage[] =
     "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
     "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
 
-const std::set<std::string> kLaunchFlags = {"threads", "ctx-size", "tp", "pp"};
+const std::set<std::string> kLaunchFlags = {"threads",  "ctx-size",          "tp",
+                                            "pp",       "kv-cache-mem",      "block-size",
+                                            "max-seqs", "max-batched-tokens"};
 
 std::set<std::string> With(std::set<std::string> a, const std::set<std::string>& b) {
   a.insert(b.begin(), b.end());
   return a;
 }
 
-int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req);
+int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 
 // A multi-turn script: a JSON array of strings, or one user turn per non-empty line.
 absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
@@ -90,32 +95,35 @@ absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
 // Runs each turn as the next user message of one conversation, reusing the KV of everything
 // the previous turns computed (unless --no-prefix-reuse), and prints each answer with its
 // time to first token and the number of prompt tokens served from the cache.
-int SessionLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req,
+int SessionLeader(const Flags& f, serving::ServingEngine& se, serving::Request req,
                   const std::vector<std::string>& turns) {
+  worker::Engine& e = se.engine();
   const model::ChatTemplate* tmpl = e.chat_template();
   if (tmpl == nullptr)
     return Fail(absl::FailedPreconditionError("--session needs a model with a chat template"));
-  req.reuse_prefix = !f.Has("no-prefix-reuse");
+  req.session_id = "cli";
   std::vector<model::ChatMessage> messages;
   for (size_t i = 0; i < turns.size(); ++i) {
     messages.push_back({"user", turns[i]});
     req.prompt = e.tokenizer().Encode(tmpl->Render(messages, true), /*parse_special=*/true);
-    auto r = e.Generate(req);
+    auto r = se.Generate(req);
     if (!r.ok()) return Fail(r.status());
-    messages.push_back({"assistant", r->text});
+    if (!r->status.ok()) return Fail(r->status);
+    const std::string text = se.Text(r->tokens);
+    messages.push_back({"assistant", text});
     if (f.Has("json")) {
       json j = {{"turn", i + 1},
                 {"prompt_tokens", r->prompt_tokens},
                 {"cached_tokens", r->cached_tokens},
-                {"ttft_ms", r->prefill_ms},
+                {"ttft_ms", r->ttft_ms},
                 {"tokens", r->tokens},
-                {"decode_ms", r->decode_ms}};
-      j["text"] = r->text;
+                {"decode_ms", r->total_ms - r->ttft_ms}};
+      j["text"] = text;
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } else {
       std::cout << "[turn " << i + 1 << "] " << r->prompt_tokens << " prompt tokens, "
-                << r->cached_tokens << " cached, TTFT " << r->prefill_ms << " ms\n"
-                << r->text << "\n";
+                << r->cached_tokens << " cached, TTFT " << r->ttft_ms << " ms\n"
+                << text << "\n";
     }
   }
   return 0;
@@ -136,7 +144,7 @@ int Run(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status());
     turns = std::move(*t);
   }
-  worker::GenerateRequest req;
+  serving::Request req;
   auto max_tokens = f->Int("max-tokens", 256, 0, 1 << 24);
   auto temp = f->Float("temperature", 0.8, 0.0, 100.0);
   auto top_k = f->Int("top-k", 40, 0, 1 << 24);
@@ -157,12 +165,13 @@ int Run(int argc, char** argv) {
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
   if (!turns.empty()) {
-    return RunLaunched(launch, [&] { return SessionLeader(*f, *launch.engine, req, turns); });
+    return RunLaunched(launch, [&] { return SessionLeader(*f, *launch.serving, req, turns); });
   }
-  return RunLaunched(launch, [&] { return RunLeader(*f, *launch.engine, req); });
+  return RunLaunched(launch, [&] { return RunLeader(*f, *launch.serving, req); });
 }
 
-int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req) {
+int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) {
+  worker::Engine& e = se.engine();
   const std::string prompt = f.String("prompt", "");
   if (f.Has("chat")) {
     auto p = e.ChatPrompt(prompt);
@@ -189,31 +198,36 @@ int RunLeader(const Flags& f, worker::Engine& e, worker::GenerateRequest req) {
     std::cout << pending.substr(0, pending.size() - keep) << std::flush;
     pending.erase(0, pending.size() - keep);
   };
-  auto r = e.Generate(req, on_token);
+  const double comm0 = e.comm_seconds();
+  const int64_t calls0 = e.comm_calls();
+  auto r = se.Generate(req, on_token);
   if (!r.ok()) return Fail(r.status());
+  if (!r->status.ok()) return Fail(r->status);
+  const double decode_ms = r->total_ms - r->ttft_ms;
+  const std::string text = se.Text(r->tokens);
   if (as_json) {
     json j;
-    j["text"] = json::parse(json(r->text).dump(-1, ' ', false, json::error_handler_t::replace));
+    j["text"] = json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace));
     j["prompt_tokens"] = r->prompt_tokens;
     j["prompt_ids"] = req.prompt;
     j["tokens"] = r->tokens;
     j["stop_reason"] = r->stop_reason;
-    j["prefill_ms"] = r->prefill_ms;
-    j["decode_ms"] = r->decode_ms;
+    j["prefill_ms"] = r->ttft_ms;
+    j["decode_ms"] = decode_ms;
     const double n_dec = r->tokens.size() > 1 ? static_cast<double>(r->tokens.size() - 1) : 0.0;
-    j["prefill_tokens_per_s"] = r->prefill_ms > 0 ? r->prompt_tokens * 1000.0 / r->prefill_ms : 0.0;
-    j["decode_tokens_per_s"] = r->decode_ms > 0 ? n_dec * 1000.0 / r->decode_ms : 0.0;
+    j["prefill_tokens_per_s"] = r->ttft_ms > 0 ? r->prompt_tokens * 1000.0 / r->ttft_ms : 0.0;
+    j["decode_tokens_per_s"] = decode_ms > 0 ? n_dec * 1000.0 / decode_ms : 0.0;
     j["threads"] = e.threads();
     j["tp"] = e.shard().tp_size;
-    j["comm_ms"] = r->comm_ms;
-    j["comm_calls"] = r->comm_calls;
+    j["comm_ms"] = (e.comm_seconds() - comm0) * 1e3;
+    j["comm_calls"] = e.comm_calls() - calls0;
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
     std::cout << pending << "\n";
-    std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->prefill_ms << " ms, "
-              << r->tokens.size() << " generated in " << r->decode_ms << " ms (" << r->stop_reason
+    std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->ttft_ms << " ms, "
+              << r->tokens.size() << " generated in " << decode_ms << " ms (" << r->stop_reason
               << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
               << ")\n";
   }
@@ -232,7 +246,7 @@ int Tokenize(int argc, char** argv) {
   return 0;
 }
 
-int LogitsLeader(const Flags& f, worker::Engine& engine, int64_t k);
+int LogitsLeader(const Flags& f, serving::ServingEngine& se, int64_t k);
 
 int Logits(int argc, char** argv) {
   auto f =
@@ -243,12 +257,12 @@ int Logits(int argc, char** argv) {
   if (!k.ok()) return Fail(k.status());
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
-  return RunLaunched(launch, [&] { return LogitsLeader(*f, *launch.engine, *k); });
+  return RunLaunched(launch, [&] { return LogitsLeader(*f, *launch.serving, *k); });
 }
 
-int LogitsLeader(const Flags& f, worker::Engine& engine, int64_t k) {
-  const auto ids = engine.tokenizer().Encode(f.String("prompt", ""), /*parse_special=*/true);
-  auto logits = engine.LastLogits(ids);
+int LogitsLeader(const Flags& f, serving::ServingEngine& se, int64_t k) {
+  const auto ids = se.engine().tokenizer().Encode(f.String("prompt", ""), /*parse_special=*/true);
+  auto logits = se.LastLogits(ids);
   if (!logits.ok()) return Fail(logits.status());
   std::vector<int32_t> idx(logits->size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);

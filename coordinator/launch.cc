@@ -29,6 +29,7 @@ std::string ModelPath(const Flags& f) {
 }
 
 Launch::~Launch() {
+  serving.reset();
   engine.reset();
   tp_comm.reset();  // communicators go before MPI_Finalize
   world_comm.reset();
@@ -69,6 +70,14 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!tp.ok()) return tp.status();
   auto pp = f.Int("pp", 1, 1, 4096);
   if (!pp.ok()) return pp.status();
+  auto kv_mem = f.Int("kv-cache-mem", 512, 1, int64_t{1} << 20);
+  if (!kv_mem.ok()) return kv_mem.status();
+  auto block_size = f.Int("block-size", 16, 1, 1024);
+  if (!block_size.ok()) return block_size.status();
+  auto max_seqs = f.Int("max-seqs", 16, 1, 4096);
+  if (!max_seqs.ok()) return max_seqs.status();
+  auto max_batched = f.Int("max-batched-tokens", 512, 1, 1 << 20);
+  if (!max_batched.ok()) return max_batched.status();
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
   if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
@@ -97,6 +106,8 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   o.tp_comm = l.tp_comm.get();
   o.world_comm = l.world_comm.get();
   o.pp = l.pp;
+  o.kv_cache_bytes = *kv_mem << 20;
+  o.block_size = static_cast<int32_t>(*block_size);
   auto e = worker::Engine::Create(o);
   absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {
@@ -104,6 +115,13 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   }
   if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
   l.engine = std::move(*e);
+  if (l.engine->is_leader()) {
+    serving::ServingOptions so;
+    so.max_seqs = static_cast<int32_t>(*max_seqs);
+    so.max_batched_tokens = static_cast<int32_t>(*max_batched);
+    so.prefix_caching = !f.Has("no-prefix-reuse");
+    l.serving = std::make_unique<serving::ServingEngine>(*l.engine, so);
+  }
   if (f.Has("print-plan") && l.rank == 0) {
     const auto& m = l.engine->model();
     std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp " << l.pp << " x tp " << l.tp

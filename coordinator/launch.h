@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "coordinator/flags.h"
+#include "serving/serving_engine.h"
 #include "worker/engine.h"
 
 namespace kvmesh::coordinator {
@@ -24,13 +25,16 @@ struct Launch {
   std::unique_ptr<comm::MpiRuntime> mpi;
   std::unique_ptr<comm::Communicator> tp_comm, world_comm;
   std::unique_ptr<worker::Engine> engine;
+  std::unique_ptr<serving::ServingEngine> serving;  // the leader's (rank 0) only
   int rank = 0, world = 1, tp = 1, pp = 1;
   ~Launch();
 };
 
-// Reads --threads --ctx-size --tp --pp --model --print-plan, starts MPI when the run has more
+// Reads --threads --ctx-size --tp --pp --model --print-plan --kv-cache-mem (MiB per rank)
+// --block-size --max-seqs --max-batched-tokens --no-prefix-reuse, starts MPI when the run has more
 // than one rank, checks the world size and loads the engine on every rank. A failure on any
-// rank is returned on every rank, naming the first failing rank.
+// rank is returned on every rank, naming the first failing rank. Rank 0 also gets the serving
+// engine.
 absl::Status SetUp(const Flags& f, Launch& l);
 
 // Runs `leader` on rank 0 while the other ranks follow its steps. Returns the process's exit

@@ -53,6 +53,32 @@ struct AttentionArgs {
 };
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool);
 
+// One sequence of a batched attention call: its queries are rows [token0, token0 + tokens) of
+// q/out, at positions [pos0, pos0 + tokens); its K/V positions live in the blocks of
+// block_table (position p in block block_table[p / block_size], slot p % block_size).
+struct AttentionSeq {
+  int64_t token0, tokens, pos0;
+  const int32_t* block_table;
+};
+
+// The same attention for a batch of sequences over a paged cache. k / v are one layer's K / V
+// in block 0: position p of kv head h of a sequence starts at
+//   k + block_table[p / block_size] * block_stride + (p % block_size) * pos_stride + h * head_dim.
+// q, out: [total tokens, n_heads, head_dim]. Every sequence's new K/V must already be written.
+struct PagedAttentionArgs {
+  const float* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  float* out;
+  int64_t n_heads, n_kv_heads, head_dim;
+  int64_t pos_stride, block_size, block_stride;
+  const AttentionSeq* seqs;
+  int64_t n_seqs;
+  float scale;
+  int64_t group = 0, q_head0 = 0, kv_head0 = 0;
+};
+void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool);
+
 // out[i] = silu(gate[i]) * up[i] for i < n.
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n);
 

@@ -13,6 +13,7 @@ PACKAGES=(
   clang libclang-rt-14-dev                       # libFuzzer targets
   libabsl-dev libicu-dev nlohmann-json3-dev      # status types, Unicode classes, JSON
   libgtest-dev libgmock-dev libbenchmark-dev     # tests and micro-benchmarks
+  libxxhash-dev                                  # KV block names (XXH3-128)
   libopenmpi-dev openmpi-bin libucx-dev          # multi-rank runs, KV migration
   libboost-dev libboost-system-dev               # Asio / Beast servers
   libprotobuf-dev protobuf-compiler              # cluster RPC schema

@@ -1,29 +1,29 @@
-// The single-process generation engine: owns the model, tokenizer, chat template, thread pool
-// and forward pass, and runs one request at a time (prefill, then sampled decode until an
-// end-of-generation token or the token limit).
+// One rank's engine: owns the model, tokenizer, chat template, thread pool, forward pass and this
+// rank's KV block arena, and executes step plans (worker/step_plan.h).
 //
 // Tensor and pipeline parallel: every rank creates an Engine with its TP group and the world.
-// World rank r is TP rank r % tp of stage r / tp. World rank 0 (the leader) serves requests;
-// each forward step is broadcast to the other ranks, which run ServeFollower() until the leader
-// calls StopFollowers().
+// World rank r is TP rank r % tp of stage r / tp. World rank 0 (the leader) plans the steps (the
+// serving scheduler); Step() broadcasts each plan to the other ranks, which run ServeFollower()
+// until the leader calls StopFollowers(). Every rank's arena has the same number of blocks, so
+// block ids in a plan mean the same on every rank.
 //
-// Not thread safe: one request at a time. The serving engine (continuous batching) builds on
-// the same LlamaForward and KV cache.
+// Not thread safe: the leader's scheduler thread calls Step().
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/thread_pool.h"
+#include "kvstore/block_arena.h"
 #include "model/chat_template.h"
 #include "model/llama_model.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "worker/llama_forward.h"
+#include "worker/step_plan.h"
 
 namespace kvmesh::worker {
 
@@ -34,33 +34,13 @@ struct EngineOptions {
   comm::Communicator* tp_comm = nullptr;     // this rank's TP group (not owned); null: one rank
   comm::Communicator* world_comm = nullptr;  // every rank (not owned): steps and pipeline links
   int pp = 1;                                // pipeline stages; world = pp x tp
-};
-
-struct GenerateRequest {
-  std::vector<int32_t> prompt;  // token ids
-  int32_t max_tokens = 256;
-  bool ignore_eos = false;  // keep generating past end-of-generation tokens (benchmarks, tests)
-  // Reuse the KV of the longest prefix this prompt shares with the engine's previous sequence
-  // (a session's earlier turns): only the rest is prefilled. Off: a fresh context.
-  bool reuse_prefix = false;
-  bool return_logits = false;  // fill GenerateResult::first_logits (tests, debugging)
-  model::SamplingParams sampling;
-};
-
-struct GenerateResult {
-  std::vector<int32_t> tokens;  // generated ids, including a final end-of-generation token
-  std::string text;             // detokenised generated text (without control tokens)
-  std::string stop_reason;      // "eos" or "length"
-  double prefill_ms = 0, decode_ms = 0;
-  double comm_ms = 0;  // time in TP collectives during this request (0 with one rank)
-  int64_t comm_calls = 0;
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;        // prompt tokens whose KV was reused (reuse_prefix)
-  std::vector<float> first_logits;  // the prompt's last-position logits, if return_logits
+  int64_t kv_cache_bytes = 512ll << 20;      // KV block memory per rank
+  int32_t block_size = 16;                   // token positions per KV block
 };
 
 class Engine {
  public:
+  // InvalidArgument naming the option for bad options; the model loader's errors otherwise.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& opts);
 
   const model::LlamaModel& model() const { return *model_; }
@@ -69,44 +49,47 @@ class Engine {
   const model::ChatTemplate* chat_template() const { return chat_ ? &*chat_ : nullptr; }
   int threads() const { return pool_->size(); }
   int64_t ctx_size() const { return ctx_size_; }
+  int32_t n_blocks() const { return arena_->n_blocks(); }
+  int32_t block_size() const { return static_cast<int32_t>(arena_->shape().block_size); }
+  // KV bytes per token summed over the whole model (every layer and KV head, one copy).
+  int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  // Names the model, shard layout and KV format: the root of block names (kvstore/block_hash.h).
+  const std::string& cache_salt() const { return cache_salt_; }
 
   // Tokens of a user prompt rendered through the chat template (with generation prompt).
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(const std::string& user_message) const;
 
-  // Generates from a fresh context. on_token (optional) sees each new token id as it is sampled.
-  // InvalidArgument if the prompt is empty or does not leave room for one token in the context.
-  absl::StatusOr<GenerateResult> Generate(const GenerateRequest& req,
-                                          const std::function<void(int32_t)>& on_token = {});
-
-  // Logits at the last position of `prompt` (raw, no template), n_vocab floats.
-  absl::StatusOr<std::vector<float>> LastLogits(const std::vector<int32_t>& prompt);
+  // Leader: runs one step on every rank (broadcasts the plan, then executes it here) and fills
+  // `logits` with plan.n_logits() rows of n_vocab floats. Blocks until this rank's part is done.
+  // InvalidArgument for a malformed plan (rejected on every rank, the group stays in step);
+  // Unavailable if a peer is gone.
+  absl::Status Step(const StepPlan& plan, std::span<float> logits);
 
   const model::TpShard& shard() const { return forward_->shard(); }
   bool is_leader() const { return world_ == nullptr || world_->rank() == 0; }
-  // Followers (TP rank > 0): execute the leader's steps until it stops them. Blocks.
+  // Followers: execute the leader's steps until it stops them. Blocks.
   absl::Status ServeFollower();
   // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
   absl::Status StopFollowers();
+  // Time in TP collectives since construction (see LlamaForward).
+  double comm_seconds() const { return forward_->comm_seconds(); }
+  int64_t comm_calls() const { return forward_->comm_calls(); }
 
  private:
-  // kTruncate keeps the first n cached positions (n in the step header).
-  enum class Op : int32_t { kStop = 0, kReset = 1, kForward = 2, kTruncate = 3 };
   Engine() = default;
-  absl::Status CheckPrompt(const std::vector<int32_t>& prompt) const;
-  // Leader: broadcasts the step to the followers, then runs it here.
-  absl::Status Step(Op op, std::span<const int32_t> tokens, std::span<float> logits);
-  absl::Status Execute(Op op, std::span<const int32_t> tokens, std::span<float> logits);
+  absl::Status Execute(const StepPlan& plan, std::span<float> logits);
 
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::optional<model::ChatTemplate> chat_;
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
-  std::unique_ptr<kvstore::KvCache> cache_;  // the current sequence
-  std::vector<int32_t> cached_tokens_;       // tokens whose K/V fill cache_ (leader only)
+  std::unique_ptr<kvstore::KvBlockArena> arena_;
   comm::Communicator* comm_ = nullptr;
   comm::Communicator* world_ = nullptr;
   int64_t ctx_size_ = 0;
+  int64_t kv_bytes_per_token_ = 0;
+  std::string cache_salt_;
 };
 
 }  // namespace kvmesh::worker

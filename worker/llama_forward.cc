@@ -76,24 +76,39 @@ kernels::WeightMatrix LlamaForward::Materialise(const kernels::WeightMatrix& w) 
   return out;
 }
 
-absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,
+absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& arena,
                                    std::span<float> logits) {
   const auto& c = model_.config();
-  if (tokens.empty()) return absl::InvalidArgumentError("forward: no tokens");
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c.n_vocab) {
-      return absl::InvalidArgumentError(StrCat("forward: token id ", tokens[i], " at index ", i,
-                                               " is outside the vocabulary [0, ", c.n_vocab, ")"));
-    }
+  const kvstore::KvBlockShape& shape = arena.shape();
+  if (shape.n_layers != n_layers() || shape.n_kv_heads != n_kv_heads() ||
+      shape.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("forward: KV arena shape does not match this rank's shard");
   }
-  if (!logits.empty() && static_cast<int64_t>(logits.size()) != c.n_vocab) {
-    return absl::InvalidArgumentError("forward: logits buffer is not n_vocab long");
+  if (plan.seqs.empty()) return absl::InvalidArgumentError("forward: no tokens");
+  if (auto s = ValidateStepPlan(plan, arena.n_blocks(), static_cast<int32_t>(shape.block_size),
+                                static_cast<int32_t>(c.n_vocab));
+      !s.ok()) {
+    return s;
   }
-  if (auto s = cache.Reserve(cache.size() + static_cast<int64_t>(tokens.size())); !s.ok()) return s;
-  // With pipeline stages, cut a prefill into about 4 micro-batches per stage (at least 32
-  // tokens each): while stage s+1 works on micro-batch i, stage s already runs i+1. Every rank
-  // sees the same token count, so every rank cuts the same way.
-  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t n_out = plan.n_logits();
+  if (static_cast<int64_t>(logits.size()) != n_out * c.n_vocab) {
+    return absl::InvalidArgumentError(StrCat("forward: logits buffer holds ", logits.size(),
+                                             " floats, not ", n_out, " rows of ", c.n_vocab));
+  }
+  const int64_t total = static_cast<int64_t>(plan.tokens.size());
+  chunk_of_row_.resize(total);
+  out_of_row_.assign(total, -1);
+  chunk_row0_.resize(plan.seqs.size());
+  for (int64_t i = 0, row = 0, out = 0; i < static_cast<int64_t>(plan.seqs.size()); ++i) {
+    chunk_row0_[i] = row;
+    for (int32_t t = 0; t < plan.seqs[i].n_tokens; ++t)
+      chunk_of_row_[row++] = static_cast<int32_t>(i);
+    if (plan.seqs[i].want_logits) out_of_row_[row - 1] = static_cast<int32_t>(out++);
+  }
+  hidden_out_.resize(n_out * c.n_embd);
+  // With pipeline stages, cut the batch into about 4 micro-batches per stage (at least 32
+  // rows each): while stage s+1 works on micro-batch i, stage s already runs i+1. Every rank
+  // sees the same plan, so every rank cuts the same way.
   int64_t mb = max_batch_;
   if (place_.stage.n_stages > 1) {
     mb = std::min(mb, std::max<int64_t>(32, (total + 4 * place_.stage.n_stages - 1) /
@@ -101,29 +116,46 @@ absl::Status LlamaForward::Forward(std::span<const int32_t> tokens, kvstore::KvC
   }
   for (int64_t b = 0; b < total; b += mb) {
     const int64_t n = std::min<int64_t>(mb, total - b);
-    if (auto s = Batch(tokens.data() + b, n, cache); !s.ok()) return s;
+    if (auto s = Batch(plan, b, n, arena); !s.ok()) return s;
   }
-  if (!logits.empty() && place_.stage.last()) {
-    // x_ holds the last batch's hidden states; only the final token needs the LM head.
-    const int64_t last = (total - 1) % mb;
-    std::vector<float> h(x_.begin() + last * c.n_embd, x_.begin() + (last + 1) * c.n_embd);
-    kernels::RmsNormCpu({h.data(), model_.output_norm(), h.data(), 1, c.n_embd, c.rms_eps});
+  if (n_out > 0 && place_.stage.last()) {
+    kernels::RmsNormCpu(
+        {hidden_out_.data(), model_.output_norm(), hidden_out_.data(), n_out, c.n_embd, c.rms_eps});
     if (comm_ == nullptr || shard_.tp_size == 1) {
-      kernels::MatMulCpu(MatMulArgs{output_, h.data(), logits.data(), 1, output_.rows}, pool_);
+      kernels::MatMulCpu(
+          MatMulArgs{output_, hidden_out_.data(), logits.data(), n_out, output_.rows}, pool_);
     } else {
-      local_logits_.resize(output_.rows);
-      kernels::MatMulCpu(MatMulArgs{output_, h.data(), local_logits_.data(), 1, output_.rows},
-                         pool_);
+      // Each rank computes its vocabulary rows for every output: [n_out, v_r]. Gathered
+      // rank-major on TP rank 0, then interleaved into [n_out, n_vocab].
+      local_logits_.resize(n_out * output_.rows);
+      kernels::MatMulCpu(
+          MatMulArgs{output_, hidden_out_.data(), local_logits_.data(), n_out, output_.rows},
+          pool_);
+      std::vector<int> counts(vocab_counts_.size());
+      for (size_t r = 0; r < counts.size(); ++r)
+        counts[r] = static_cast<int>(n_out) * vocab_counts_[r];
+      gathered_.resize(shard_.tp_rank == 0 ? n_out * c.n_vocab : 0);
       const auto t0 = std::chrono::steady_clock::now();
-      const absl::Status s = comm_->GatherV(local_logits_, logits, vocab_counts_, 0);
+      const absl::Status s = comm_->GatherV(local_logits_, gathered_, counts, 0);
       CountComm(t0);
       if (!s.ok()) return s;
+      if (shard_.tp_rank == 0) {
+        int64_t off = 0, vbegin = 0;
+        for (int v : vocab_counts_) {
+          for (int64_t i = 0; i < n_out; ++i) {
+            std::memcpy(logits.data() + i * c.n_vocab + vbegin, gathered_.data() + off + i * v,
+                        sizeof(float) * v);
+          }
+          off += n_out * v;
+          vbegin += v;
+        }
+      }
     }
     if (place_.logits_to >= 0 && shard_.tp_rank == 0) {
       if (auto s = place_.world->Send(logits, place_.logits_to, kTagLogits); !s.ok()) return s;
     }
   }
-  if (!logits.empty() && place_.logits_from >= 0) {
+  if (n_out > 0 && place_.logits_from >= 0) {
     if (auto s = place_.world->Recv(logits, place_.logits_from, kTagLogits); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -143,13 +175,15 @@ absl::Status LlamaForward::AllReduce(int64_t n) {
   return s;
 }
 
-absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache) {
+absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
+                                 kvstore::KvBlockArena& arena) {
   const auto& c = model_.config();
   const int64_t E = c.n_embd, hd = c.head_dim;
   const int64_t H = shard_.q_head_end - shard_.q_head_begin;  // this rank's heads and MLP width
   const int64_t KV = n_kv_heads(), F = shard_.ff_end - shard_.ff_begin;
   const bool reduce = comm_ != nullptr && shard_.tp_size > 1;
-  const int64_t pos0 = cache.size();
+  const int32_t* tokens = plan.tokens.data() + b;
+  const int64_t bs = arena.shape().block_size, ps = arena.shape().pos_stride();
   x_.resize(n * E);
   xn_.resize(n * E);
   q_.resize(n * H * hd);
@@ -160,7 +194,24 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
   gate_.resize(n * F);
   up_.resize(n * F);
   pos_.resize(n);
-  for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(pos0 + t);
+  // Each row's position, and each chunk's rows inside this micro-batch as one attention
+  // sequence (a chunk may straddle micro-batches: its earlier rows' K/V are already written).
+  segs_.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t ci = chunk_of_row_[b + t];
+    const SeqChunk& ch = plan.seqs[ci];
+    pos_[t] = static_cast<int32_t>(ch.pos0 + (b + t - chunk_row0_[ci]));
+    if (t == 0 || chunk_of_row_[b + t - 1] != ci) {
+      segs_.push_back({t, 0, pos_[t], ch.blocks.data()});
+    }
+    ++segs_.back().tokens;
+  }
+  // Where row t's K/V go in the arena (relative to a layer's K or V base).
+  kv_at_.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const SeqChunk& ch = plan.seqs[chunk_of_row_[b + t]];
+    kv_at_[t] = ch.blocks[pos_[t] / bs] * arena.block_stride() + (pos_[t] % bs) * ps;
+  }
 
   if (!place_.stage.first()) {
     if (auto s =
@@ -185,12 +236,17 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
     kernels::MatMulManyCpu(qkv, pool_);
     kernels::RopeCpu({q_.data(), pos_.data(), n, H, hd, c.rot_dim, c.rope_theta});
     kernels::RopeCpu({k_.data(), pos_.data(), n, KV, hd, c.rot_dim, c.rope_theta});
-    // Append K/V at positions [pos0, pos0 + n): the cache rows are exactly [n, KV, hd].
-    kernels::ConvertToFp16Cpu(k_.data(), cache.k(l) + pos0 * cache.pos_stride(), n * KV * hd);
-    kernels::ConvertToFp16Cpu(v_.data(), cache.v(l) + pos0 * cache.pos_stride(), n * KV * hd);
-    kernels::AttentionCpu(
-        {q_.data(), cache.k(l), cache.v(l), attn_.data(), n, H, KV, hd, cache.pos_stride(), pos0,
-         scale, shard_.group, shard_.q_head_begin, shard_.kv_head_begin},
+    // Write each row's K/V ([KV, hd], one block slot) before attention reads it.
+    uint16_t* kl = arena.k(l);
+    uint16_t* vl = arena.v(l);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::ConvertToFp16Cpu(k_.data() + t * KV * hd, kl + kv_at_[t], KV * hd);
+      kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
+    }
+    kernels::PagedAttentionCpu(
+        {q_.data(), kl, vl, attn_.data(), H, KV, hd, ps, bs, arena.block_stride(), segs_.data(),
+         static_cast<int64_t>(segs_.size()), scale, shard_.group, shard_.q_head_begin,
+         shard_.kv_head_begin},
         pool_);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
@@ -209,8 +265,13 @@ absl::Status LlamaForward::Batch(const int32_t* tokens, int64_t n, kvstore::KvCa
     }
     kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   }
-  cache.set_size(pos0 + n);
-  if (!place_.stage.last()) {
+  if (place_.stage.last()) {
+    for (int64_t t = 0; t < n; ++t) {
+      if (const int32_t o = out_of_row_[b + t]; o >= 0) {
+        std::memcpy(hidden_out_.data() + o * E, x_.data() + t * E, sizeof(float) * E);
+      }
+    }
+  } else {
     if (auto s =
             place_.world->Send({x_.data(), static_cast<size_t>(n * E)}, place_.next, kTagHidden);
         !s.ok()) {

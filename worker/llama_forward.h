@@ -17,10 +17,12 @@
 
 #include "absl/status/status.h"
 #include "comm/communicator.h"
+#include "kernels/ops.h"
 #include "kernels/thread_pool.h"
-#include "kvstore/kv_cache.h"
+#include "kvstore/block_arena.h"
 #include "model/llama_model.h"
 #include "model/shard.h"
+#include "worker/step_plan.h"
 
 namespace kvmesh::worker {
 
@@ -45,10 +47,10 @@ class LlamaForward {
   LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                const model::TpShard& shard, comm::Communicator* comm, const PipelinePlace& place,
                int64_t max_batch = 512);
-  // Layers this rank runs (the KvCache passed to Forward must have this many).
+  // Layers this rank runs (the arena passed to Forward must have this many).
   int64_t n_layers() const { return place_.stage.layer_end - place_.stage.layer_begin; }
 
-  // KV heads this rank caches (the KvCache passed to Forward must have this many).
+  // KV heads this rank caches (the arena passed to Forward must have this many).
   int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
   const model::TpShard& shard() const { return shard_; }
   // Wall time spent inside collectives (all-reduces and the logits gather) since construction,
@@ -56,16 +58,18 @@ class LlamaForward {
   double comm_seconds() const { return comm_ns_ * 1e-9; }
   int64_t comm_calls() const { return comm_calls_; }
 
-  // Runs `tokens` at positions [cache.size(), cache.size() + n), appends their K/V to the cache
-  // and, if logits is non-empty (n_vocab floats), writes the logits of the last token (on TP
-  // rank 0; whether logits is empty must agree across the group).
-  // InvalidArgument for a token id outside the vocabulary; ResourceExhausted if the cache is full.
-  // Nothing is appended to the cache on error.
-  absl::Status Forward(std::span<const int32_t> tokens, kvstore::KvCache& cache,
-                       std::span<float> logits);
+  // Runs one step's batch of sequence chunks (plan.copies are the caller's): chunk i's tokens
+  // at positions [pos0, pos0 + n_tokens), writing their K/V into its blocks of `arena` and
+  // attending over positions [0, pos0 + t] of the same blocks. If the plan wants logits,
+  // `logits` holds plan.n_logits() rows of n_vocab floats, one per chunk with want_logits in
+  // plan order, filled on the leader (TP rank 0 of stage 0).
+  // InvalidArgument for a malformed plan (bad token id, table not covering the positions, wrong
+  // logits size); nothing is written to the arena then.
+  absl::Status Forward(const StepPlan& plan, kvstore::KvBlockArena& arena, std::span<float> logits);
 
  private:
-  absl::Status Batch(const int32_t* tokens, int64_t n, kvstore::KvCache& cache);
+  // Runs rows [b, b + n) of the plan's tokens through this rank's layers.
+  absl::Status Batch(const StepPlan& plan, int64_t b, int64_t n, kvstore::KvBlockArena& arena);
   absl::Status AllReduce(int64_t n);  // sums tmp_[0, n) over the TP group
   kernels::WeightMatrix Materialise(const kernels::WeightMatrix& w);  // copy into owned_
   void CountComm(std::chrono::steady_clock::time_point t0);
@@ -86,6 +90,13 @@ class LlamaForward {
   int64_t comm_ns_ = 0, comm_calls_ = 0;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   std::vector<int32_t> pos_;
+  // Per plan row: its chunk and, for the last stage, which logits row it feeds (-1: none).
+  std::vector<int32_t> chunk_of_row_, out_of_row_;
+  std::vector<int64_t> chunk_row0_;  // first plan row of each chunk
+  std::vector<kernels::AttentionSeq> segs_;
+  std::vector<int64_t> kv_at_;     // per micro-batch row: its K/V slot's offset in a layer
+  std::vector<float> gathered_;    // TP rank 0: every rank's logits slices, rank-major
+  std::vector<float> hidden_out_;  // [n_logits, n_embd] final hidden states of the logits rows
 };
 
 }  // namespace kvmesh::worker

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "serving/serving_engine.h"
 #include "tests/util/test_paths.h"
 #include "worker/engine.h"
 
@@ -24,9 +25,12 @@ class RealModel : public ::testing::Test {
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e).release();
+    serving_ = new serving::ServingEngine(*engine_, {});
   }
   static void TearDownTestSuite() {
+    delete serving_;
     delete engine_;
+    serving_ = nullptr;
     engine_ = nullptr;
   }
   void SetUp() override {
@@ -35,8 +39,42 @@ class RealModel : public ::testing::Test {
     }
   }
   static Engine* engine_;
+  static serving::ServingEngine* serving_;
 };
 Engine* RealModel::engine_ = nullptr;
+serving::ServingEngine* RealModel::serving_ = nullptr;
+
+// Runs one sequence through a LlamaForward over its own arena, with a chosen block table.
+class OneSequence {
+ public:
+  OneSequence(const model::LlamaModel& m, int64_t block_size, std::vector<int32_t> table)
+      : table_(std::move(table)) {
+    const auto& c = m.config();
+    int32_t n = 0;
+    for (int32_t b : table_) n = std::max(n, b + 1);
+    arena_ = *kvstore::KvBlockArena::Create({c.n_layers, c.n_kv_heads, c.head_dim, block_size}, n);
+  }
+  absl::Status Forward(LlamaForward& fwd, std::span<const int32_t> tokens,
+                       std::span<float> logits) {
+    StepPlan plan;
+    plan.seqs.push_back({static_cast<int32_t>(tokens.size()), pos_, !logits.empty(), table_});
+    plan.tokens.assign(tokens.begin(), tokens.end());
+    pos_ += static_cast<int32_t>(tokens.size());
+    return fwd.Forward(plan, *arena_, logits);
+  }
+  int32_t size() const { return pos_; }
+
+ private:
+  std::unique_ptr<kvstore::KvBlockArena> arena_;
+  std::vector<int32_t> table_;
+  int32_t pos_ = 0;
+};
+
+std::vector<int32_t> Iota(int32_t n) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
 
 double RelL2(const float* got, const float* ref, size_t n) {
   double num = 0, den = 0;
@@ -74,7 +112,7 @@ TEST_F(RealModel, MatchesExactAndLlamaCppReferences) {
     ASSERT_EQ(ids, want_ids);
     saw_long |= ids.size() >= 1000;
 
-    auto logits = engine_->LastLogits(ids);
+    auto logits = serving_->LastLogits(ids);
     ASSERT_TRUE(logits.ok()) << logits.status();
     std::vector<float> exact(n_vocab);
     std::memcpy(exact.data(), blob.data() + ci * n_vocab * sizeof(float), n_vocab * sizeof(float));
@@ -100,12 +138,13 @@ TEST_F(RealModel, MatchesExactAndLlamaCppReferences) {
 
     // 32 greedy tokens: identical to the exact reference, except that a divergence is accepted
     // at a step where the reference's top two logits are within 0.05 (then comparison stops).
-    GenerateRequest req;
+    serving::Request req;
     req.prompt = ids;
     req.max_tokens = 32;
     req.sampling.temperature = 0;
-    auto r = engine_->Generate(req);
+    auto r = serving_->Generate(req);
     ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->status.ok()) << r->status;
     const auto greedy = c.at("exact").at("greedy").get<std::vector<int32_t>>();
     const auto gaps = c.at("exact").at("greedy_gaps").get<std::vector<double>>();
     size_t same = 0;
@@ -149,19 +188,19 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   kernels::ThreadPool pool(2);
   auto logits_of = [&](int64_t max_batch, size_t split) {
     LlamaForward fwd(m, pool, max_batch);
-    kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, 256);
+    OneSequence seq(m, 16, Iota(16));
     std::vector<float> logits(c.n_vocab);
-    EXPECT_TRUE(fwd.Forward(std::span(ids).first(split), cache, {}).ok());
+    EXPECT_TRUE(seq.Forward(fwd, std::span(ids).first(split), {}).ok());
     for (size_t i = split; i < ids.size(); ++i) {
-      EXPECT_TRUE(fwd.Forward(std::span(ids).subspan(i, 1), cache, logits).ok());
+      EXPECT_TRUE(seq.Forward(fwd, std::span(ids).subspan(i, 1), logits).ok());
     }
-    EXPECT_EQ(cache.size(), static_cast<int64_t>(ids.size()));
+    EXPECT_EQ(seq.size(), static_cast<int64_t>(ids.size()));
     return logits;
   };
   LlamaForward fwd(m, pool);
-  kvstore::KvCache cache(c.n_layers, c.n_kv_heads, c.head_dim, 256);
+  OneSequence seq(m, 16, Iota(16));
   std::vector<float> whole(c.n_vocab);
-  ASSERT_TRUE(fwd.Forward(ids, cache, whole).ok());
+  ASSERT_TRUE(seq.Forward(fwd, ids, whole).ok());
   for (auto [mb, split] :
        {std::pair<int64_t, size_t>{512, ids.size() - 5}, {7, ids.size() - 1}, {1, 1}}) {
     const auto inc = logits_of(mb, split);
@@ -173,88 +212,72 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   }
 }
 
+// Attention reads K/V through the block table: any placement of the blocks in the arena, and
+// any block size, gives the same logits as one contiguous run (bit for bit: the keys are
+// visited in the same order).
+TEST_F(RealModel, BlockTablesAndBlockSizesDoNotChangeLogits) {
+  const auto& m = engine_->model();
+  const auto& c = m.config();
+  const auto ids = engine_->tokenizer().Encode(
+      "Paged attention stores each sequence's keys and values in fixed-size blocks that can sit "
+      "anywhere in the pool, and a block table maps positions to blocks.",
+      false);
+  ASSERT_GT(ids.size(), 20u);
+  kernels::ThreadPool pool(2);
+  LlamaForward fwd(m, pool);
+  auto run = [&](int64_t bs, std::vector<int32_t> table, size_t split) {
+    OneSequence seq(m, bs, std::move(table));
+    std::vector<float> logits(c.n_vocab);
+    EXPECT_TRUE(seq.Forward(fwd, std::span(ids).first(split), {}).ok());
+    for (size_t i = split; i < ids.size(); ++i) {
+      EXPECT_TRUE(seq.Forward(fwd, std::span(ids).subspan(i, 1), logits).ok());
+    }
+    return logits;
+  };
+  const size_t split = ids.size() - 3;
+  const auto contiguous = run(256, {0}, split);
+  std::vector<int32_t> scrambled = {9, 2, 7, 0, 5, 3, 8, 1, 6, 4};  // 10 blocks of 4 = 40 positions
+  ASSERT_GE(scrambled.size() * 4, ids.size());
+  for (auto [bs, table] : {std::pair<int64_t, std::vector<int32_t>>{4, scrambled},
+                           {16, {3, 0, 1}},
+                           {1, [&] {
+                              auto t = Iota(static_cast<int32_t>(ids.size()));
+                              std::reverse(t.begin(), t.end());
+                              return t;
+                            }()}}) {
+    const auto got = run(bs, table, split);
+    EXPECT_EQ(0, std::memcmp(got.data(), contiguous.data(), got.size() * sizeof(float)))
+        << "block size " << bs << ": rel-L2 " << RelL2(got.data(), contiguous.data(), got.size());
+  }
+  // A table that does not cover the positions is refused before anything is written.
+  OneSequence short_table(m, 4, {0});
+  std::vector<float> logits(c.n_vocab);
+  const auto s = short_table.Forward(fwd, std::span(ids).first(8), logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
 TEST_F(RealModel, RejectsBadPromptsWithClearErrors) {
-  auto too_long = engine_->LastLogits(std::vector<int32_t>(engine_->ctx_size(), 42));
+  auto too_long = serving_->LastLogits(std::vector<int32_t>(engine_->ctx_size(), 42));
   EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(too_long.status().message()).find("context size"), std::string::npos);
-  auto bad_id = engine_->LastLogits({1, 999999});
+  auto bad_id = serving_->LastLogits({1, 999999});
   EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad_id.status().message()).find("token id 999999"), std::string::npos);
-  EXPECT_EQ(engine_->LastLogits({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(serving_->LastLogits({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(RealModel, SeededSamplingIsReproducible) {
-  GenerateRequest req;
+  serving::Request req;
   req.prompt = *engine_->ChatPrompt("Tell me a short story about a robot.");
   req.max_tokens = 24;
   req.sampling.temperature = 0.9f;
   req.sampling.seed = 1234;
-  auto a = engine_->Generate(req), b = engine_->Generate(req);
+  auto a = serving_->Generate(req), b = serving_->Generate(req);
   req.sampling.seed = 99;
-  auto c = engine_->Generate(req);
+  auto c = serving_->Generate(req);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->tokens, b->tokens);
   EXPECT_NE(a->tokens, c->tokens);
-}
-
-}  // namespace
-}  // namespace kvmesh::worker
-
-namespace kvmesh::worker {
-namespace {
-
-// Multi-turn: with prefix reuse each turn prefills only what the conversation added, and the
-// greedy answers are exactly those of prefilling every turn from scratch.
-TEST_F(RealModel, SessionPrefixReuseKeepsAnswersAndSkipsCachedTokens) {
-  const model::ChatTemplate* tmpl = engine_->chat_template();
-  ASSERT_NE(tmpl, nullptr);
-  std::string doc;
-  for (int i = 1; i <= 25; ++i) {
-    doc += "Item " + std::to_string(i) + " is kept on shelf " + std::to_string(i % 4) + ". ";
-  }
-  const std::vector<std::string> turns = {doc + "\nWhere is item 9?", "And item 14?",
-                                          "How many shelves are there?"};
-  auto run = [&](bool reuse) {
-    std::vector<model::ChatMessage> messages;
-    std::vector<GenerateResult> out;
-    for (const auto& t : turns) {
-      messages.push_back({"user", t});
-      GenerateRequest req;
-      req.prompt = engine_->tokenizer().Encode(tmpl->Render(messages, true), true);
-      req.max_tokens = 24;
-      req.sampling.temperature = 0;
-      req.reuse_prefix = reuse;
-      req.return_logits = true;
-      auto r = engine_->Generate(req);
-      EXPECT_TRUE(r.ok()) << r.status();
-      messages.push_back({"assistant", r->text});
-      out.push_back(*r);
-    }
-    return out;
-  };
-  const auto fresh = run(false);
-  // An unrelated request in between: reuse must notice the cache holds something else.
-  ASSERT_TRUE(engine_->LastLogits(engine_->tokenizer().Encode("Unrelated text.", false)).ok());
-  const auto reused = run(true);
-  ASSERT_EQ(fresh.size(), reused.size());
-  int64_t last_cached = 0;
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    EXPECT_EQ(reused[i].tokens, fresh[i].tokens) << "turn " << i + 1;
-    // Same logits up to the summation order of a shorter prefill (as in the incremental test).
-    const auto& a = reused[i].first_logits;
-    const auto& b = fresh[i].first_logits;
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_LT(RelL2(a.data(), b.data(), a.size()), 1e-3) << "turn " << i + 1;
-    EXPECT_EQ(fresh[i].cached_tokens, 0);
-    if (i == 0) {
-      EXPECT_EQ(reused[i].cached_tokens, 0);  // the unrelated request shares no prefix
-    } else {
-      // Everything but the new user turn (and the template tokens around it) is reused.
-      EXPECT_GT(reused[i].cached_tokens, last_cached);
-      EXPECT_GE(reused[i].cached_tokens, reused[i - 1].prompt_tokens);
-    }
-    last_cached = reused[i].cached_tokens;
-  }
 }
 
 }  // namespace

@@ -1,0 +1,410 @@
+#include "serving/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::serving {
+
+using Clock = std::chrono::steady_clock;
+using kvstore::BlockId;
+
+struct Scheduler::Sequence {
+  RequestId id;
+  uint64_t arrival;
+  Request req;
+  Callbacks cb;
+  model::Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt + generated; the last one's K/V is not computed yet
+  int64_t computed = 0;         // positions whose K/V is in `blocks`
+  std::vector<BlockId> blocks;
+  std::vector<kvstore::BlockHash> names;  // names of blocks [0, names.size()), a hash chain
+  bool admitted_once = false;
+  Completion done;
+  Clock::time_point submitted, last_token;
+
+  Sequence(RequestId i, uint64_t a, Request r, Callbacks c)
+      : id(i), arrival(a), req(std::move(r)), cb(std::move(c)), sampler(req.sampling) {}
+  int32_t generated() const { return static_cast<int32_t>(done.tokens.size()); }
+};
+
+// A conversation's KV: the tokens whose K/V exist (as named full blocks in the pool, while they
+// survive eviction) and the partial last block, which the session keeps a reference to.
+struct Scheduler::Session {
+  std::vector<int32_t> tokens;
+  BlockId tail = -1;  // the block holding positions [tokens.size() / bs * bs, tokens.size())
+  uint64_t last_use = 0;
+};
+
+namespace {
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
+    : opts_(opts),
+      runner_(std::move(runner)),
+      blocks_(opts.n_blocks),
+      salt_(kvstore::CacheSalt(opts.cache_salt)),
+      ttft_(LatencyBuckets()),
+      itl_(LatencyBuckets()),
+      preempt_rng_(opts.preempt_seed) {}
+
+Scheduler::~Scheduler() = default;
+
+absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
+  auto reject = [&](absl::Status s) {
+    ++stats_.rejected;
+    return s;
+  };
+  if (req.prompt.empty()) return reject(absl::InvalidArgumentError("prompt is empty"));
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  if (n >= opts_.max_context) {
+    return reject(absl::InvalidArgumentError(StrCat(
+        "prompt is ", n, " tokens, which does not fit the context size ", opts_.max_context)));
+  }
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= opts_.n_vocab) {
+      return reject(absl::InvalidArgumentError(
+          StrCat("prompt token id ", req.prompt[i], " at index ", i,
+                 " is outside the vocabulary [0, ", opts_.n_vocab, ")")));
+    }
+  }
+  if (req.max_tokens < 0) return reject(absl::InvalidArgumentError("max_tokens must be >= 0"));
+  if (auto s = req.sampling.Validate(); !s.ok()) return reject(s);
+  // Alone, the sequence needs K/V for every token but the last one it samples.
+  const int64_t positions =
+      std::min<int64_t>(n + std::max<int32_t>(req.max_tokens, 1) - 1, opts_.max_context);
+  if (CeilDiv(positions, opts_.block_size) > opts_.n_blocks) {
+    return reject(absl::InvalidArgumentError(StrCat(
+        "request needs ", CeilDiv(positions, opts_.block_size), " KV blocks (", n, " prompt + ",
+        req.max_tokens, " new tokens) but the cache holds ", opts_.n_blocks, " blocks of ",
+        opts_.block_size, " tokens; raise --kv-cache-mem or lower max_tokens")));
+  }
+  if (static_cast<int32_t>(waiting_.size()) >= opts_.max_waiting) {
+    return reject(absl::ResourceExhaustedError(
+        StrCat("request queue is full (", waiting_.size(), " waiting); retry later")));
+  }
+  const RequestId id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, next_arrival_++, std::move(req), std::move(callbacks));
+  seq->tokens = seq->req.prompt;
+  seq->submitted = Clock::now();
+  seq->done.id = id;
+  seq->done.prompt_tokens = n;
+  waiting_.push_back(seq.get());
+  seqs_.emplace(id, std::move(seq));
+  ++stats_.submitted;
+  return id;
+}
+
+bool Scheduler::Cancel(RequestId id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  if (in_step_) {  // from a callback: the step still holds the sequence; end it after
+    deferred_cancels_.push_back(id);
+    return true;
+  }
+  ++stats_.cancelled;
+  Finish(*it->second, absl::CancelledError("request cancelled"), "cancelled");
+  return true;
+}
+
+void Scheduler::Admit(Sequence& s) {
+  s.blocks.clear();
+  s.names.clear();
+  s.computed = 0;
+  const bool cache = opts_.prefix_caching && s.req.prefix_cache;
+  const int64_t bs = opts_.block_size;
+  // At least the last token runs: its logits start (or continue) the answer.
+  const int64_t limit = static_cast<int64_t>(s.tokens.size()) - 1;
+  if (cache) {
+    kvstore::BlockHash parent = salt_;
+    while (static_cast<int64_t>(s.blocks.size() + 1) * bs <= limit) {
+      const int64_t i = static_cast<int64_t>(s.blocks.size());
+      const kvstore::BlockHash h =
+          kvstore::ChainHash(parent, std::span(s.tokens).subspan(i * bs, bs));
+      const auto b = blocks_.Find(h);
+      if (!b) break;
+      blocks_.Acquire(*b);
+      s.blocks.push_back(*b);
+      s.names.push_back(h);
+      parent = h;
+    }
+    s.computed = static_cast<int64_t>(s.blocks.size()) * bs;
+    // A session's partial last block extends the match if every full block before it matched.
+    if (auto it = sessions_.find(s.req.session_id);
+        !s.req.session_id.empty() && it != sessions_.end()) {
+      Session& ss = *it->second;
+      ss.last_use = ++session_clock_;
+      if (ss.tail >= 0 && static_cast<int64_t>(ss.tokens.size()) / bs * bs == s.computed) {
+        int64_t k = 0;
+        while (s.computed + k < limit && s.computed + k < static_cast<int64_t>(ss.tokens.size()) &&
+               ss.tokens[s.computed + k] == s.tokens[s.computed + k]) {
+          ++k;
+        }
+        if (k > 0) {
+          blocks_.Acquire(ss.tail);
+          s.blocks.push_back(ss.tail);
+          s.computed += k;
+        }
+      }
+    }
+  }
+  if (!s.admitted_once) {
+    s.admitted_once = true;
+    s.done.cached_tokens = s.computed;
+    stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
+    stats_.prefix_hit_tokens += s.computed;
+  }
+}
+
+void Scheduler::ReleaseBlocks(Sequence& s) {
+  // Tail first: the least valuable blocks (a finished sequence's own suffix) become the least
+  // recently released, so they are evicted before the shared prefix.
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.Release(*it);
+  s.blocks.clear();
+  s.names.clear();
+  s.computed = 0;
+}
+
+void Scheduler::Preempt(Sequence& s) {
+  ReleaseBlocks(s);
+  running_.erase(std::find(running_.begin(), running_.end(), &s));
+  // Back into the queue in arrival order (normally its front).
+  auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const Sequence* w) { return w->arrival > s.arrival; });
+  waiting_.insert(at, &s);
+  ++stats_.preemptions;
+  ++s.done.preemptions;
+}
+
+void Scheduler::DropSessionTail(Session& ss) {
+  if (ss.tail >= 0) blocks_.Release(ss.tail);
+  ss.tail = -1;
+}
+
+bool Scheduler::DropOneSessionTail() {
+  Session* oldest = nullptr;
+  for (auto& [id, ss] : sessions_) {
+    if (ss->tail >= 0 && (oldest == nullptr || ss->last_use < oldest->last_use)) oldest = ss.get();
+  }
+  if (oldest == nullptr) return false;
+  DropSessionTail(*oldest);
+  return true;
+}
+
+void Scheduler::DropSessions() {
+  for (auto& [id, ss] : sessions_) DropSessionTail(*ss);
+  sessions_.clear();
+}
+
+std::optional<BlockId> Scheduler::AllocateOrPreempt(Sequence& s, bool& self_preempted) {
+  self_preempted = false;
+  for (;;) {
+    if (auto b = blocks_.Allocate()) return b;
+    // Out of blocks: sessions' partial blocks go first, then the newest running sequence.
+    if (DropOneSessionTail()) continue;
+    Sequence* victim = running_.back();
+    Preempt(*victim);
+    if (victim == &s) {
+      self_preempted = true;
+      return std::nullopt;
+    }
+  }
+}
+
+bool Scheduler::EnsureBlocks(Sequence& s, int64_t end, worker::StepPlan& plan) {
+  const int64_t bs = opts_.block_size;
+  bool self = false;
+  // Copy-on-write: the block the next position goes into is partial and shared.
+  if (s.computed % bs != 0) {
+    const size_t i = static_cast<size_t>(s.computed / bs);
+    const BlockId shared = s.blocks[i];
+    if (blocks_.ref_count(shared) > 1) {
+      const auto fresh = AllocateOrPreempt(s, self);
+      if (!fresh) return false;
+      plan.copies.emplace_back(shared, *fresh);
+      s.blocks[i] = *fresh;
+      blocks_.Release(shared);
+    }
+  }
+  while (static_cast<int64_t>(s.blocks.size()) * bs < end) {
+    const auto b = AllocateOrPreempt(s, self);
+    if (!b) return false;
+    s.blocks.push_back(*b);
+  }
+  return true;
+}
+
+void Scheduler::NameFullBlocks(Sequence& s) {
+  if (!opts_.prefix_caching || !s.req.prefix_cache) return;
+  const int64_t bs = opts_.block_size;
+  while (static_cast<int64_t>(s.names.size() + 1) * bs <= s.computed) {
+    const size_t i = s.names.size();
+    const kvstore::BlockHash h = kvstore::ChainHash(i == 0 ? salt_ : s.names.back(),
+                                                    std::span(s.tokens).subspan(i * bs, bs));
+    blocks_.Name(s.blocks[i], h);  // false: another block has this name; ours stays unnamed
+    s.names.push_back(h);
+  }
+}
+
+void Scheduler::RecordSession(Sequence& s) {
+  if (s.req.session_id.empty() || !opts_.prefix_caching || !s.req.prefix_cache) return;
+  auto [it, fresh] = sessions_.try_emplace(s.req.session_id, nullptr);
+  if (fresh) {
+    it->second = std::make_unique<Session>();
+    if (static_cast<int32_t>(sessions_.size()) > opts_.max_sessions) {
+      auto lru = sessions_.end();
+      for (auto j = sessions_.begin(); j != sessions_.end(); ++j) {
+        if (j != it && (lru == sessions_.end() || j->second->last_use < lru->second->last_use))
+          lru = j;
+      }
+      DropSessionTail(*lru->second);
+      sessions_.erase(lru);
+      it = sessions_.find(s.req.session_id);
+    }
+  }
+  Session& ss = *it->second;
+  ss.last_use = ++session_clock_;
+  const int64_t bs = opts_.block_size;
+  BlockId tail = -1;
+  if (s.computed % bs != 0) {
+    tail = s.blocks[s.computed / bs];
+    blocks_.Acquire(tail);
+  }
+  DropSessionTail(ss);
+  ss.tail = tail;
+  ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
+}
+
+void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reason) {
+  if (status.ok()) RecordSession(s);
+  ReleaseBlocks(s);
+  if (auto it = std::find(running_.begin(), running_.end(), &s); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), &s); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+  s.done.status = std::move(status);
+  s.done.stop_reason = reason;
+  s.done.total_ms = Seconds(s.submitted, Clock::now()) * 1e3;
+  if (s.done.status.ok()) ++stats_.finished;
+  if (!s.done.status.ok() && !absl::IsCancelled(s.done.status)) ++stats_.failed;
+  // Take ownership before the callback: it may submit new requests.
+  auto node = seqs_.extract(s.id);
+  if (node.mapped()->cb.on_done) node.mapped()->cb.on_done(node.mapped()->done);
+}
+
+absl::Status Scheduler::Step() {
+  // Test hook: a random preemption must never change what a sequence generates.
+  if (opts_.preempt_probability > 0 && !running_.empty() &&
+      std::uniform_real_distribution<double>(0, 1)(preempt_rng_) < opts_.preempt_probability) {
+    Preempt(*running_[std::uniform_int_distribution<size_t>(0, running_.size() - 1)(preempt_rng_)]);
+  }
+  // Admission: FCFS while the batch has room and the pool can hold the newcomer's prompt (an
+  // empty batch always admits: a lone request fits, Submit checked).
+  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opts_.max_seqs) {
+    Sequence& s = *waiting_.front();
+    Admit(s);
+    const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
+                         static_cast<int64_t>(s.blocks.size()) + 1;
+    if (!running_.empty() && need > blocks_.available()) {
+      ReleaseBlocks(s);
+      break;
+    }
+    waiting_.pop_front();
+    running_.push_back(&s);
+  }
+  if (running_.empty()) return absl::OkStatus();
+
+  // Oldest first: decode tokens and prefill chunks share the token budget.
+  worker::StepPlan plan;
+  std::vector<Scheduled> scheduled;
+  int64_t budget = opts_.max_batched_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence& s = *running_[i];
+    const int64_t todo = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    const int32_t chunk = static_cast<int32_t>(std::min(todo, budget));
+    if (!EnsureBlocks(s, s.computed + chunk, plan)) break;  // s itself was preempted
+    worker::SeqChunk c;
+    c.n_tokens = chunk;
+    c.pos0 = static_cast<int32_t>(s.computed);
+    c.want_logits = s.computed + chunk == static_cast<int64_t>(s.tokens.size());
+    c.blocks = s.blocks;
+    plan.seqs.push_back(std::move(c));
+    plan.tokens.insert(plan.tokens.end(), s.tokens.begin() + s.computed,
+                       s.tokens.begin() + s.computed + chunk);
+    scheduled.push_back({&s, chunk});
+    budget -= chunk;
+  }
+  // Sequences preempted after being scheduled cannot exist: victims come from the back of the
+  // batch, beyond every scheduled sequence.
+  if (plan.seqs.empty()) return absl::OkStatus();
+  ++stats_.steps;
+  logits_.resize(plan.n_logits() * opts_.n_vocab);
+  if (absl::Status s = runner_(plan, logits_); !s.ok()) {
+    for (const Scheduled& sc : scheduled) Finish(*sc.seq, s, "error");
+    return s;
+  }
+  const auto now = Clock::now();
+  int64_t row = 0;
+  in_step_ = true;
+  for (const Scheduled& sc : scheduled) {
+    Sequence& s = *sc.seq;
+    const bool prefill = static_cast<int64_t>(s.tokens.size()) - s.computed > 1;
+    if (prefill || s.generated() == 0) stats_.prompt_tokens_computed += sc.chunk;
+    s.computed += sc.chunk;
+    NameFullBlocks(s);
+    if (s.computed != static_cast<int64_t>(s.tokens.size())) continue;  // prefill continues
+    std::span<float> logits(logits_.data() + row++ * opts_.n_vocab, opts_.n_vocab);
+    if (s.req.return_logits && s.generated() == 0 && s.done.first_logits.empty()) {
+      s.done.first_logits.assign(logits.begin(), logits.end());
+    }
+    if (s.generated() >= s.req.max_tokens) {
+      Finish(s, absl::OkStatus(), "length");
+      continue;
+    }
+    const int32_t tok = s.sampler.Sample(logits, s.tokens);
+    s.tokens.push_back(tok);
+    s.done.tokens.push_back(tok);
+    ++stats_.generated_tokens;
+    if (s.generated() == 1) {
+      s.done.ttft_ms = Seconds(s.submitted, now) * 1e3;
+      ttft_.Observe(Seconds(s.submitted, now));
+    } else {
+      itl_.Observe(Seconds(s.last_token, now));
+    }
+    s.last_token = now;
+    if (s.cb.on_token) s.cb.on_token(s.id, tok);
+    if (!s.req.ignore_eos && opts_.is_end_of_generation && opts_.is_end_of_generation(tok)) {
+      Finish(s, absl::OkStatus(), "eos");
+    } else if (s.generated() >= s.req.max_tokens ||
+               static_cast<int64_t>(s.tokens.size()) > opts_.max_context) {
+      Finish(s, absl::OkStatus(), "length");
+    }
+  }
+  in_step_ = false;
+  std::vector<RequestId> cancels;
+  cancels.swap(deferred_cancels_);
+  for (RequestId id : cancels) Cancel(id);
+  return absl::OkStatus();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats st = stats_;
+  st.blocks_total = blocks_.n_blocks();
+  st.blocks_used = blocks_.referenced();
+  st.blocks_cached = blocks_.cached();
+  st.blocks_free = blocks_.available();
+  st.evictions = blocks_.evictions();
+  st.running = static_cast<int32_t>(running_.size());
+  st.waiting = static_cast<int32_t>(waiting_.size());
+  st.sessions = static_cast<int32_t>(sessions_.size());
+  return st;
+}
+
+}  // namespace kvmesh::serving

@@ -1,0 +1,163 @@
+// The coordinator's scheduler: admits requests, owns every KV block decision and plans each
+// engine step (worker/step_plan.h).
+//
+// - Paged KV: each sequence has a block table into a pool of n_blocks blocks (kvstore::
+//   BlockManager); blocks are allocated as the sequence grows.
+// - Prefix reuse: full blocks are named by a hash chain (kvstore/block_hash.h); a new request
+//   acquires the longest named prefix of its prompt and computes only the rest. Sessions
+//   (Request::session_id) also keep their last partial block, copied before it is written.
+// - Continuous batching: between steps, waiting requests join the running batch (up to
+//   max_seqs); each step mixes decode tokens and prefill chunks under max_batched_tokens
+//   (chunked prefill), oldest sequence first.
+// - Preemption by recompute: when blocks run out, the newest running sequence gives its blocks
+//   back and waits; it re-prefills its prompt and generated tokens later (through the prefix
+//   cache where its blocks survived). The oldest sequence always progresses, so nothing
+//   deadlocks; a request that could not fit even alone is rejected at Submit.
+//
+// The model is behind a Runner (the engine's Step), so the scheduling logic is testable with a
+// fake model. Not thread safe: one thread submits, cancels and steps.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "kvstore/block_hash.h"
+#include "kvstore/block_manager.h"
+#include "model/sampler.h"
+#include "serving/metrics.h"
+#include "worker/step_plan.h"
+
+namespace kvmesh::serving {
+
+using RequestId = uint64_t;
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids
+  int32_t max_tokens = 256;
+  bool ignore_eos = false;  // keep generating past end-of-generation tokens (benchmarks)
+  model::SamplingParams sampling;
+  // Non-empty: a conversation. Its KV is kept after this turn so the next turn (whose prompt
+  // extends this one's prompt and answer) computes only its new tokens.
+  std::string session_id;
+  bool prefix_cache = true;    // false: compute the whole prompt (and publish nothing)
+  bool return_logits = false;  // Completion::first_logits (tests, debugging)
+};
+
+struct Completion {
+  RequestId id = 0;
+  absl::Status status;          // OK, Cancelled, or why the request failed
+  std::string stop_reason;      // "eos", "length", "cancelled" or "error"
+  std::vector<int32_t> tokens;  // generated ids, including a final end-of-generation token
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose KV was reused at admission
+  int32_t preemptions = 0;
+  double ttft_ms = 0;               // submit to first token
+  double total_ms = 0;              // submit to completion
+  std::vector<float> first_logits;  // the prompt's last-position logits, if return_logits
+};
+
+struct Callbacks {
+  std::function<void(RequestId, int32_t token)> on_token;  // each token as it is sampled
+  std::function<void(const Completion&)> on_done;          // exactly once per accepted request
+};
+
+struct SchedulerOptions {
+  int32_t n_blocks = 0, block_size = 16;
+  int64_t max_context = 0;  // positions one sequence may hold
+  int32_t n_vocab = 0;
+  int32_t max_seqs = 16;             // sequences in the running batch
+  int32_t max_batched_tokens = 512;  // tokens per step (chunked prefill)
+  int32_t max_waiting = 1024;        // queued requests beyond which Submit refuses
+  int32_t max_sessions = 256;        // sessions kept (least recently used dropped)
+  bool prefix_caching = true;        // engine-wide: name and reuse full blocks
+  std::string cache_salt;            // model, layout and KV format (worker::Engine::cache_salt)
+  std::function<bool(int32_t)> is_end_of_generation;
+  // Test hook: before each step, with this probability, preempt one running sequence at random.
+  double preempt_probability = 0;
+  uint64_t preempt_seed = 1;
+};
+
+struct SchedulerStats {
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache
+  int64_t prefix_hit_tokens = 0;    // of which found cached
+  int32_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_free = 0;
+  int64_t evictions = 0, preemptions = 0, steps = 0;
+  int64_t submitted = 0, finished = 0, rejected = 0, cancelled = 0, failed = 0;
+  int64_t prompt_tokens_computed = 0, generated_tokens = 0;
+  int32_t running = 0, waiting = 0, sessions = 0;
+};
+
+class Scheduler {
+ public:
+  // Runs a plan on the model and fills plan.n_logits() rows of n_vocab logits.
+  using Runner = std::function<absl::Status(const worker::StepPlan&, std::span<float>)>;
+
+  Scheduler(const SchedulerOptions& opts, Runner runner);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. InvalidArgument (naming the field) for a bad request, including one that
+  // could not fit in the KV pool or context even alone; ResourceExhausted when the waiting
+  // queue is full. On success, callbacks.on_done is called exactly once, from Step or Cancel.
+  absl::StatusOr<RequestId> Submit(Request req, Callbacks callbacks);
+  // Ends a waiting or running request (Completion status Cancelled). False if unknown/done.
+  // From a callback inside Step, the request ends when that step's sampling is done.
+  bool Cancel(RequestId id);
+  // Plans and runs one step. OK and nothing done when idle. If the runner fails, every sequence
+  // of the step completes with that error and it is returned (Unavailable: a rank is gone).
+  absl::Status Step();
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+  SchedulerStats stats() const;
+  const Histogram& ttft_seconds() const { return ttft_; }
+  const Histogram& itl_seconds() const { return itl_; }
+  const kvstore::BlockManager& blocks() const { return blocks_; }
+  // Forgets every session (their partial blocks return to the pool).
+  void DropSessions();
+
+ private:
+  struct Sequence;
+  struct Session;
+  struct Scheduled {
+    Sequence* seq;
+    int32_t chunk;
+  };
+  void Admit(Sequence& s);
+  bool EnsureBlocks(Sequence& s, int64_t end, worker::StepPlan& plan);
+  std::optional<kvstore::BlockId> AllocateOrPreempt(Sequence& s, bool& self_preempted);
+  void Preempt(Sequence& s);
+  void ReleaseBlocks(Sequence& s);
+  void NameFullBlocks(Sequence& s);
+  void Finish(Sequence& s, absl::Status status, const std::string& reason);
+  void RecordSession(Sequence& s);
+  void DropSessionTail(Session& ss);
+  bool DropOneSessionTail();
+
+  SchedulerOptions opts_;
+  Runner runner_;
+  kvstore::BlockManager blocks_;
+  kvstore::BlockHash salt_;
+  RequestId next_id_ = 1;
+  uint64_t next_arrival_ = 0, session_clock_ = 0;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;   // by arrival (preempted sequences go back to the front)
+  std::vector<Sequence*> running_;  // by arrival
+  absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
+  SchedulerStats stats_;
+  Histogram ttft_, itl_;
+  std::mt19937_64 preempt_rng_;
+  std::vector<float> logits_;
+  bool in_step_ = false;                     // sampling: callbacks are running
+  std::vector<RequestId> deferred_cancels_;  // Cancel() calls made from callbacks
+};
+
+}  // namespace kvmesh::serving

@@ -1,0 +1,353 @@
+// The scheduler against a fake model whose "KV cache" is the token ids themselves: each block
+// slot stores the id written at that position, and the next token is a hash of the ids read
+// back through the block table. A wrong table, a shared block written without a copy, a slot
+// overwritten or a recompute at the wrong position changes the output, so comparing with the
+// token sequence's own hash checks every block decision end to end.
+#include "serving/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+namespace kvmesh::serving {
+namespace {
+
+constexpr int32_t kVocab = 64;
+constexpr int32_t kEos = 0;
+
+int32_t NextOf(const std::vector<int32_t>& history) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<int32_t>(1 + (h >> 33) % (kVocab - 1));  // never kEos
+}
+
+class FakeModel {
+ public:
+  FakeModel(int32_t n_blocks, int32_t block_size)
+      : bs_(block_size), slots_(static_cast<size_t>(n_blocks) * block_size, -1) {}
+  absl::Status Run(const worker::StepPlan& plan, std::span<float> logits) {
+    ++steps_;
+    if (auto s =
+            worker::ValidateStepPlan(plan, static_cast<int32_t>(slots_.size() / bs_), bs_, kVocab);
+        !s.ok()) {
+      return s;
+    }
+    for (const auto& [src, dst] : plan.copies) {
+      std::copy_n(slots_.begin() + src * bs_, bs_, slots_.begin() + dst * bs_);
+      ++copies_;
+    }
+    size_t at = 0, row = 0;
+    for (const auto& c : plan.seqs) {
+      max_batch_ = std::max(max_batch_, plan.seqs.size());
+      for (int32_t i = 0; i < c.n_tokens; ++i) Slot(c, c.pos0 + i) = plan.tokens[at++];
+      if (!c.want_logits) continue;
+      std::vector<int32_t> history;
+      for (int32_t p = 0; p < c.pos0 + c.n_tokens; ++p) history.push_back(Slot(c, p));
+      std::span<float> out = logits.subspan(row++ * kVocab, kVocab);
+      std::fill(out.begin(), out.end(), -100.0f);
+      out[NextOf(history)] = 100.0f;
+    }
+    return absl::OkStatus();
+  }
+  int64_t copies() const { return copies_; }
+  int64_t steps() const { return steps_; }
+  size_t max_batch() const { return max_batch_; }
+
+ private:
+  int32_t& Slot(const worker::SeqChunk& c, int32_t p) {
+    return slots_[static_cast<size_t>(c.blocks[p / bs_]) * bs_ + p % bs_];
+  }
+  int32_t bs_;
+  std::vector<int32_t> slots_;
+  int64_t copies_ = 0, steps_ = 0;
+  size_t max_batch_ = 0;
+};
+
+// What a request must generate: the fake model run on the true token sequence.
+std::vector<int32_t> Expected(std::vector<int32_t> tokens, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(NextOf(tokens));
+    tokens.push_back(out.back());
+  }
+  return out;
+}
+
+struct Harness {
+  FakeModel model;
+  Scheduler sched;
+  std::map<RequestId, Completion> done;
+  Harness(SchedulerOptions o)
+      : model(o.n_blocks, o.block_size),
+        sched(Fill(o),
+              [this](const worker::StepPlan& p, std::span<float> l) { return model.Run(p, l); }) {}
+  static SchedulerOptions Fill(SchedulerOptions o) {
+    o.n_vocab = kVocab;
+    if (o.max_context == 0) o.max_context = 4096;
+    o.is_end_of_generation = [](int32_t t) { return t == kEos; };
+    return o;
+  }
+  RequestId Submit(std::vector<int32_t> prompt, int max_tokens, std::string session = "") {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.session_id = std::move(session);
+    Callbacks cb;
+    cb.on_done = [this](const Completion& c) {
+      EXPECT_EQ(done.count(c.id), 0u) << "on_done twice";
+      done[c.id] = c;
+    };
+    auto id = sched.Submit(std::move(r), cb);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+  void Drain() {
+    for (int i = 0; !sched.idle() && i < 100000; ++i) ASSERT_TRUE(sched.Step().ok());
+    ASSERT_TRUE(sched.idle()) << "no progress";
+  }
+  // After every test: nothing referenced once sessions are dropped.
+  void ExpectNoLeaks() {
+    sched.DropSessions();
+    EXPECT_EQ(sched.blocks().referenced(), 0);
+    EXPECT_TRUE(sched.blocks().Consistent());
+  }
+};
+
+std::vector<int32_t> Tokens(int n, int seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = 1 + static_cast<int32_t>(rng() % (kVocab - 1));
+  return t;
+}
+
+TEST(Scheduler, OneRequestGeneratesWhatTheModelSays) {
+  Harness h({.n_blocks = 16, .block_size = 4});
+  const auto prompt = Tokens(10, 1);
+  const RequestId id = h.Submit(prompt, 12);
+  h.Drain();
+  ASSERT_EQ(h.done.count(id), 1u);
+  EXPECT_TRUE(h.done[id].status.ok());
+  EXPECT_EQ(h.done[id].tokens, Expected(prompt, 12));
+  EXPECT_EQ(h.done[id].stop_reason, "length");
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, SharedPrefixIsReusedAcrossRequestsAndOutputsDoNotChange) {
+  Harness h({.n_blocks = 64, .block_size = 4});
+  const auto doc = Tokens(37, 2);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int q = 0; q < 4; ++q) {
+    auto p = doc;
+    for (int32_t t : Tokens(5, 100 + q)) p.push_back(t);
+    prompts.push_back(p);
+  }
+  const RequestId first = h.Submit(prompts[0], 6);
+  h.Drain();
+  EXPECT_EQ(h.done[first].cached_tokens, 0);
+  std::vector<RequestId> ids;
+  for (int q = 1; q < 4; ++q) ids.push_back(h.Submit(prompts[q], 6));
+  h.Drain();
+  for (int q = 1; q < 4; ++q) {
+    const Completion& c = h.done[ids[q - 1]];
+    EXPECT_EQ(c.tokens, Expected(prompts[q], 6)) << q;
+    EXPECT_EQ(c.cached_tokens, 36) << "the document's 9 full blocks";
+  }
+  const auto st = h.sched.stats();
+  EXPECT_EQ(st.prefix_hit_tokens, 3 * 36);
+  EXPECT_EQ(st.prefix_query_tokens, 4 * 42);
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, SessionsReuseTheirPartialBlockThroughACopy) {
+  Harness h({.n_blocks = 64, .block_size = 8});
+  auto conv = Tokens(21, 3);
+  // Turn 1 computes 21 + 2 positions (its last token is never run): 2 full blocks + 7.
+  const RequestId t1 = h.Submit(conv, 3, "s");
+  h.Drain();
+  const auto& a = h.done[t1].tokens;
+  // Turn 2: the conversation so far (the answer's last token was never run) plus a question.
+  conv.insert(conv.end(), a.begin(), a.end());
+  for (int32_t t : Tokens(6, 4)) conv.push_back(t);
+  const int64_t copies0 = h.model.copies();
+  const RequestId t2 = h.Submit(conv, 4, "s");
+  h.Drain();
+  EXPECT_EQ(h.done[t2].tokens, Expected(conv, 4));
+  EXPECT_EQ(h.done[t2].cached_tokens, 21 + 2) << "everything turn 1 computed";
+  EXPECT_EQ(h.model.copies(), copies0 + 1) << "the shared partial block is copied, not written";
+  // A different conversation under another id does not see this one's tail.
+  const RequestId other = h.Submit(conv, 4, "other");
+  h.Drain();
+  EXPECT_EQ(h.done[other].cached_tokens, 24) << "turn 2's full blocks, no session tail";
+  EXPECT_EQ(h.done[other].tokens, Expected(conv, 4));
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, ContinuousBatchingChunkedPrefillAndPreemptionKeepOutputs) {
+  // 24 blocks of 4 = 96 positions for 8 requests of ~30 positions each: preemption is certain.
+  Harness h({.n_blocks = 24, .block_size = 4, .max_seqs = 6, .max_batched_tokens = 9});
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> reqs;
+  const auto shared = Tokens(12, 5);
+  for (int i = 0; i < 8; ++i) {
+    auto p = i % 2 ? shared : Tokens(3, 50 + i);
+    for (int32_t t : Tokens(8 + i, 200 + i)) p.push_back(t);
+    reqs.push_back({h.Submit(p, 10), p});
+  }
+  h.Drain();
+  for (const auto& [id, p] : reqs) {
+    ASSERT_EQ(h.done.count(id), 1u);
+    EXPECT_TRUE(h.done[id].status.ok()) << h.done[id].status;
+    EXPECT_EQ(h.done[id].tokens, Expected(p, 10)) << "request " << id;
+  }
+  const auto st = h.sched.stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(h.model.max_batch(), 1u);
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, RandomPreemptionHookNeverChangesOutputs) {
+  Harness h({.n_blocks = 64,
+             .block_size = 4,
+             .max_seqs = 4,
+             .max_batched_tokens = 16,
+             .preempt_probability = 0.5,
+             .preempt_seed = 11});
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> reqs;
+  for (int i = 0; i < 6; ++i) {
+    const auto p = Tokens(5 + 3 * i, 300 + i);
+    reqs.push_back({h.Submit(p, 12, i == 2 ? "s" : ""), p});
+  }
+  h.Drain();
+  for (const auto& [id, p] : reqs) EXPECT_EQ(h.done[id].tokens, Expected(p, 12));
+  EXPECT_GT(h.sched.stats().preemptions, 5);
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, RejectsWhatCanNeverRunAndBoundsTheQueue) {
+  Harness h({.n_blocks = 4, .block_size = 4, .max_context = 64, .max_waiting = 2});
+  Request r;
+  r.sampling.temperature = 0;
+  EXPECT_EQ(h.sched.Submit(r, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  r.prompt = Tokens(10, 1);
+  r.max_tokens = 7;  // 16 positions = 4 blocks: fits
+  EXPECT_TRUE(h.sched.Submit(r, {}).ok());
+  r.max_tokens = 8;  // 17 positions: 5 blocks, more than the pool
+  auto s = h.sched.Submit(r, {});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("KV blocks"), std::string::npos) << s.status();
+  r.max_tokens = 1;
+  r.prompt = {1, kVocab};
+  EXPECT_NE(h.sched.Submit(r, {}).status().message().find("outside the vocabulary"),
+            std::string::npos);
+  r.prompt = Tokens(64, 1);
+  EXPECT_NE(h.sched.Submit(r, {}).status().message().find("context size"), std::string::npos);
+  r.prompt = Tokens(3, 1);
+  EXPECT_TRUE(h.sched.Submit(r, {}).ok());
+  EXPECT_EQ(h.sched.Submit(r, {}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(h.sched.stats().rejected, 5);
+  h.Drain();
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, CancelEndsWaitingAndRunningRequestsOnce) {
+  Harness h({.n_blocks = 32, .block_size = 4, .max_seqs = 1});
+  const RequestId running = h.Submit(Tokens(9, 1), 50);
+  const RequestId waiting = h.Submit(Tokens(9, 2), 50);
+  ASSERT_TRUE(h.sched.Step().ok());
+  EXPECT_TRUE(h.sched.Cancel(waiting));
+  ASSERT_TRUE(h.sched.Step().ok());
+  EXPECT_TRUE(h.sched.Cancel(running));
+  EXPECT_FALSE(h.sched.Cancel(running));
+  EXPECT_TRUE(h.sched.idle());
+  EXPECT_EQ(h.done[running].stop_reason, "cancelled");
+  EXPECT_TRUE(absl::IsCancelled(h.done[waiting].status));
+  EXPECT_EQ(h.sched.stats().cancelled, 2);
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, CancelFromATokenCallbackIsSafe) {
+  Harness h({.n_blocks = 32, .block_size = 4});
+  Request r;
+  r.prompt = Tokens(6, 1);
+  r.max_tokens = 100;
+  r.sampling.temperature = 0;
+  Callbacks cb;
+  int tokens = 0;
+  bool ended = false;
+  cb.on_token = [&](RequestId id, int32_t) {
+    if (++tokens == 3) h.sched.Cancel(id);
+  };
+  cb.on_done = [&](const Completion& c) {
+    ended = true;
+    EXPECT_EQ(c.tokens.size(), 3u);
+  };
+  ASSERT_TRUE(h.sched.Submit(r, cb).ok());
+  h.Drain();
+  EXPECT_TRUE(ended);
+  h.ExpectNoLeaks();
+}
+
+TEST(Scheduler, RunnerFailureEndsTheStepsRequestsWithItsError) {
+  int calls = 0;
+  SchedulerOptions o = Harness::Fill({.n_blocks = 8, .block_size = 4});
+  Scheduler s(o, [&](const worker::StepPlan&, std::span<float>) {
+    return ++calls == 2 ? absl::UnavailableError("rank 1 is gone") : absl::OkStatus();
+  });
+  Completion got;
+  Request r;
+  r.prompt = Tokens(4, 1);
+  r.max_tokens = 4;
+  ASSERT_TRUE(s.Submit(r, {.on_done = [&](const Completion& c) { got = c; }}).ok());
+  ASSERT_TRUE(s.Step().ok());
+  EXPECT_EQ(s.Step().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(got.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(s.blocks().referenced(), 0);
+}
+
+// A short randomized soak (the 10-minute one is bench/serving_soak): random prompts over a few
+// shared documents, random sessions, cancels and forced preemption in a tight pool.
+TEST(Scheduler, RandomizedSoakKeepsOutputsAndLeaksNothing) {
+  Harness h({.n_blocks = 40,
+             .block_size = 4,
+             .max_seqs = 5,
+             .max_batched_tokens = 12,
+             .max_sessions = 3,
+             .preempt_probability = 0.2,
+             .preempt_seed = 5});
+  std::mt19937 rng(99);
+  std::vector<std::vector<int32_t>> docs = {Tokens(20, 1), Tokens(33, 2), Tokens(9, 3)};
+  std::map<RequestId, std::vector<int32_t>> prompts;
+  std::map<RequestId, int> max_tokens;
+  for (int round = 0; round < 60; ++round) {
+    for (int k = rng() % 3; k > 0; --k) {
+      auto p = docs[rng() % docs.size()];
+      for (int32_t t : Tokens(1 + rng() % 10, round * 10 + k)) p.push_back(t);
+      const int n = 1 + rng() % 12;
+      const std::string session = rng() % 3 == 0 ? "s" + std::to_string(rng() % 5) : "";
+      const RequestId id = h.Submit(p, n, session);
+      prompts[id] = p;
+      max_tokens[id] = n;
+    }
+    if (rng() % 7 == 0 && !prompts.empty()) {
+      h.sched.Cancel(std::next(prompts.begin(), rng() % prompts.size())->first);
+    }
+    for (int s = rng() % 4; s > 0; --s) ASSERT_TRUE(h.sched.Step().ok());
+    ASSERT_TRUE(h.sched.blocks().Consistent());
+  }
+  h.Drain();
+  for (const auto& [id, p] : prompts) {
+    ASSERT_EQ(h.done.count(id), 1u);
+    const Completion& c = h.done[id];
+    if (!c.status.ok()) {
+      EXPECT_TRUE(absl::IsCancelled(c.status)) << c.status;
+      continue;
+    }
+    EXPECT_EQ(c.tokens, Expected(p, max_tokens[id])) << "request " << id;
+  }
+  h.ExpectNoLeaks();
+}
+
+}  // namespace
+}  // namespace kvmesh::serving
