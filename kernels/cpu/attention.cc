@@ -10,8 +10,16 @@ namespace kvmesh::kernels {
 
 namespace {
 
-constexpr int64_t kKeyChunk = 64;          // scores kept per step of the online softmax
-constexpr int64_t kMinKeysPerSplit = 256;  // below this, splitting keys costs more than it saves
+constexpr int64_t kKeyChunk = 64;       // scores kept per step of the online softmax
+constexpr int64_t kKeysPerSplit = 512;  // a query's keys are split in runs of about this many
+constexpr int64_t kMaxSplits = 16;
+
+// How many parts a query with n_keys keys is split into (flash-decoding). A function of the
+// query's own key count only, never of the batch or thread count: a sequence's outputs are
+// then bit-identical whether it runs alone or batched, whole or in prefill chunks.
+int64_t SplitsFor(int64_t n_keys) {
+  return std::clamp<int64_t>(n_keys / kKeysPerSplit, 1, kMaxSplits);
+}
 
 // Calls fn(key offset in [0, n), k run, v run, run length) for the runs of keys [j0, j0 + n)
 // that are contiguous in memory: within one block of a paged cache.
@@ -89,10 +97,9 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     return std::pair<int64_t, int64_t>{first, last};
   };
   // Rows of q map to (sequence, row): a batch mixes prefill chunks and single decode tokens.
-  int64_t total = 0, max_keys = 0;
+  int64_t total = 0;
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     total = std::max(total, a.seqs[s].token0 + a.seqs[s].tokens);
-    max_keys = std::max(max_keys, a.seqs[s].pos0 + a.seqs[s].tokens);
   }
   thread_local std::vector<int32_t> seq_of_row_storage;
   std::vector<int32_t>& seq_of_row = seq_of_row_storage;
@@ -102,28 +109,38 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       seq_of_row[a.seqs[s].token0 + t] = static_cast<int32_t>(s);
     }
   }
-  // Work units are (row, kv head, key split). Decode has few (row, kv head) pairs, so the keys
-  // are split across threads (flash-decoding) and the partial softmaxes merged after.
-  const int64_t pairs = total * a.n_kv_heads;
-  int64_t splits = 1;
-  if (pairs < 4 * pool.size()) {
-    splits = std::clamp<int64_t>((4 * pool.size() + pairs - 1) / std::max<int64_t>(1, pairs), 1,
-                                 std::max<int64_t>(1, max_keys / kMinKeysPerSplit));
+  // Work units are (row, kv head, key split); a row's split count depends on its key count.
+  // Decode has few (row, kv head) pairs, so splitting long key ranges keeps every thread busy;
+  // the partial softmaxes are merged after.
+  thread_local std::vector<int64_t> unit0_storage;  // first unit of each row
+  std::vector<int64_t>& unit0 = unit0_storage;
+  unit0.resize(static_cast<size_t>(total + 1));
+  int64_t units = 0, max_splits = 1;
+  for (int64_t row = 0; row < total; ++row) {
+    unit0[row] = units;
+    const int32_t si = seq_of_row[row];
+    const int64_t splits = si < 0 ? 0 : SplitsFor(a.seqs[si].pos0 + (row - a.seqs[si].token0) + 1);
+    max_splits = std::max(max_splits, splits);
+    units += splits * a.n_kv_heads;
   }
+  unit0[total] = units;
   thread_local std::vector<float> scratch_storage;
   std::vector<float>& scratch = scratch_storage;  // workers reach it through this reference
-  if (splits > 1) scratch.resize(static_cast<size_t>(pairs * splits * group * rec));
-  pool.ParallelFor(pairs * splits, 1, [&](int64_t u0, int64_t u1) {
+  if (max_splits > 1) scratch.resize(static_cast<size_t>(units * group * rec));
+  pool.ParallelFor(units, 1, [&](int64_t u0, int64_t u1) {
     thread_local std::vector<float> local;  // this worker's records when keys are not split
     local.resize(static_cast<size_t>(group * rec));
+    // The row of unit u0 (rows are few in decode, so a linear scan from a binary search start).
+    int64_t row = std::upper_bound(unit0.begin(), unit0.begin() + total, u0) - unit0.begin() - 1;
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t pair = u / splits, s = u % splits;
-      const int64_t row = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
-      const auto [h0, h1] = heads_of(kvh);
+      while (u >= unit0[row + 1]) ++row;
       const int32_t si = seq_of_row[row];
-      if (h1 <= h0 || si < 0) continue;
       const AttentionSeq& sq = a.seqs[si];
       const int64_t n_keys = sq.pos0 + (row - sq.token0) + 1;
+      const int64_t splits = SplitsFor(n_keys);
+      const int64_t kvh = (u - unit0[row]) / splits, s = (u - unit0[row]) % splits;
+      const auto [h0, h1] = heads_of(kvh);
+      if (h1 <= h0) continue;
       const int64_t j_begin = n_keys * s / splits, j_end = n_keys * (s + 1) / splits;
       const float* q = a.q + (row * a.n_heads + h0) * d;
       float* rec_out = splits > 1 ? scratch.data() + u * group * rec : local.data();
@@ -139,29 +156,32 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       }
     }
   });
-  if (splits == 1) return;
+  if (max_splits == 1) return;
   // Merge the splits of each (row, head): rescale every partial to the common max.
-  for (int64_t pair = 0; pair < pairs; ++pair) {
-    const int64_t row = pair / a.n_kv_heads, kvh = pair % a.n_kv_heads;
-    const auto [h0, h1] = heads_of(kvh);
-    if (seq_of_row[row] < 0) continue;
-    for (int64_t g = 0; g < h1 - h0; ++g) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < splits; ++s) {
-        m = std::max(m, scratch[((pair * splits + s) * group + g) * rec]);
+  for (int64_t row = 0; row < total; ++row) {
+    const int32_t si = seq_of_row[row];
+    if (si < 0) continue;
+    const int64_t splits = SplitsFor(a.seqs[si].pos0 + (row - a.seqs[si].token0) + 1);
+    if (splits == 1) continue;
+    for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh) {
+      const auto [h0, h1] = heads_of(kvh);
+      const float* base = scratch.data() + (unit0[row] + kvh * splits) * group * rec;
+      for (int64_t g = 0; g < h1 - h0; ++g) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < splits; ++s) m = std::max(m, base[(s * group + g) * rec]);
+        float* o = a.out + (row * a.n_heads + h0 + g) * d;
+        std::fill(o, o + d, 0.0f);
+        float l = 0.0f;
+        for (int64_t s = 0; s < splits; ++s) {
+          const float* r = base + (s * group + g) * rec;
+          if (r[1] == 0.0f) continue;  // an empty split
+          const float w = std::exp(r[0] - m);
+          l += r[1] * w;
+          for (int64_t i = 0; i < d; ++i) o[i] += r[2 + i] * w;
+        }
+        const float inv = 1.0f / l;
+        for (int64_t i = 0; i < d; ++i) o[i] *= inv;
       }
-      float* o = a.out + (row * a.n_heads + h0 + g) * d;
-      std::fill(o, o + d, 0.0f);
-      float l = 0.0f;
-      for (int64_t s = 0; s < splits; ++s) {
-        const float* r = scratch.data() + ((pair * splits + s) * group + g) * rec;
-        if (r[1] == 0.0f) continue;  // an empty split
-        const float w = std::exp(r[0] - m);
-        l += r[1] * w;
-        for (int64_t i = 0; i < d; ++i) o[i] += r[2 + i] * w;
-      }
-      const float inv = 1.0f / l;
-      for (int64_t i = 0; i < d; ++i) o[i] *= inv;
     }
   }
 }

@@ -3,6 +3,7 @@
 // AVX2 versions (a head of 64 values fills 256-bit registers well).
 #include <immintrin.h>
 
+#include <cmath>
 #include <type_traits>
 
 #include "kernels/cpu/primitives.h"
@@ -24,13 +25,21 @@ KVMESH_AVX512 inline __m512i Nibbles32x16(const uint8_t* p) {
 
 KVMESH_AVX512 inline __m512i LoadA(const int16_t* a) { return _mm512_loadu_si512(a); }
 
+// acc += (float(s) * da) * dw, lane by lane. The 4x4 tiles below accumulate with exactly these
+// operations in the same block order, so a row's result does not depend on whether it was
+// computed alone or in a tile: outputs are independent of how requests are batched.
+KVMESH_AVX512 inline __m512 AccumulateBlock(__m512i s, float da, float dw, __m512 acc) {
+  return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(da)),
+                         _mm512_set1_ps(dw), acc);
+}
+
 KVMESH_AVX512 float DotQ4_0A16(const BlockQ4_0* x, const BlockA16* y, int64_t nb) {
   __m512 acc = _mm512_setzero_ps();
   const __m512i eight = _mm512_set1_epi16(8);
   for (int64_t i = 0; i < nb; ++i) {
     const __m512i w = _mm512_sub_epi16(Nibbles32x16(x[i].qs), eight);
     const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, LoadA(y[i].qs));
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+    acc = AccumulateBlock(s, y[i].d, H2F(x[i].d), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -41,8 +50,8 @@ KVMESH_AVX512 float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb
   for (int64_t i = 0; i < nb; ++i) {
     const __m512i s =
         _mm512_dpwssd_epi32(_mm512_setzero_si512(), Nibbles32x16(x[i].qs), LoadA(y[i].qs));
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
-    mins += H2F(x[i].m) * y[i].d * static_cast<float>(y[i].sum);
+    acc = AccumulateBlock(s, y[i].d, H2F(x[i].d), acc);
+    mins = std::fma(H2F(x[i].m), y[i].d * static_cast<float>(y[i].sum), mins);
   }
   return _mm512_reduce_add_ps(acc) + mins;
 }
@@ -53,7 +62,7 @@ KVMESH_AVX512 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb
     const __m512i w =
         _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
     const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, LoadA(y[i].qs));
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(H2F(x[i].d) * y[i].d), _mm512_cvtepi32_ps(s), acc);
+    acc = AccumulateBlock(s, y[i].d, H2F(x[i].d), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
