@@ -34,7 +34,8 @@ using nlohmann::json;
 
 constexpr char kUsage[] =
     "usage: kvmesh <command> [flags]\n"
-    "  run       --prompt TEXT | --session FILE [--model PATH] [--chat] [--max-tokens N]\n"
+    "  run       --prompt TEXT | --session FILE | --prompts FILE [--model PATH] [--chat]\n"
+    "            [--max-tokens N]\n"
     "            [--temperature T] [--no-prefix-reuse]\n"
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
@@ -129,18 +130,70 @@ int SessionLeader(const Flags& f, serving::ServingEngine& se, serving::Request r
   return 0;
 }
 
+// Independent requests submitted together (continuous batching, shared prefixes reused): one
+// JSON line per request, in input order, and the engine's counters on stderr.
+int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req,
+                const std::vector<std::string>& prompts) {
+  worker::Engine& e = se.engine();
+  if (f.Has("test-preempt")) {
+    auto p = f.Float("test-preempt", 0, 0, 1);
+    if (!p.ok()) return Fail(p.status());
+    se.scheduler().SetPreemptProbabilityForTesting(*p);
+  }
+  std::vector<serving::Completion> done(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (f.Has("chat")) {
+      auto p = e.ChatPrompt(prompts[i]);
+      if (!p.ok()) return Fail(p.status());
+      req.prompt = std::move(*p);
+    } else {
+      req.prompt = e.tokenizer().Encode(prompts[i], /*parse_special=*/true);
+    }
+    auto id =
+        se.Submit(req, {.on_done = [&done, i](const serving::Completion& c) { done[i] = c; }});
+    if (!id.ok())
+      return Fail(
+          absl::Status(id.status().code(), StrCat("request ", i + 1, ": ", id.status().message())));
+  }
+  if (auto s = se.RunUntilIdle(); !s.ok()) return Fail(s);
+  for (size_t i = 0; i < done.size(); ++i) {
+    const serving::Completion& c = done[i];
+    if (!c.status.ok()) return Fail(c.status);
+    json j = {{"request", i + 1},
+              {"prompt_tokens", c.prompt_tokens},
+              {"cached_tokens", c.cached_tokens},
+              {"preemptions", c.preemptions},
+              {"ttft_ms", c.ttft_ms},
+              {"total_ms", c.total_ms},
+              {"stop_reason", c.stop_reason},
+              {"tokens", c.tokens}};
+    j["text"] = se.Text(c.tokens);
+    std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  }
+  const auto st = se.scheduler().stats();
+  std::cerr << "kvmesh: " << done.size() << " requests in " << st.steps << " steps; prefix cache "
+            << st.prefix_hit_tokens << "/" << st.prefix_query_tokens << " prompt tokens; "
+            << st.preemptions << " preemptions; KV blocks " << st.blocks_used << " used, "
+            << st.blocks_cached << " cached, " << st.blocks_total << " total; TTFT p50 "
+            << se.scheduler().ttft_seconds().Quantile(0.5) * 1e3 << " ms\n";
+  return 0;
+}
+
 int Run(int argc, char** argv) {
-  auto f = Flags::Parse(argc, argv, 2,
-                        With(kLaunchFlags, {"model", "prompt", "max-tokens", "temperature", "top-k",
-                                            "top-p", "repeat-penalty", "seed", "session"}),
-                        {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse"});
+  auto f = Flags::Parse(
+      argc, argv, 2,
+      With(kLaunchFlags, {"model", "prompt", "max-tokens", "temperature", "top-k", "top-p",
+                          "repeat-penalty", "seed", "session", "prompts", "test-preempt"}),
+      {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse"});
   if (!f.ok()) return Fail(f.status());
-  if (f->Has("prompt") == f->Has("session")) {
-    return Fail(absl::InvalidArgumentError("run: give exactly one of --prompt and --session"));
+  if (f->Has("prompt") + f->Has("session") + f->Has("prompts") != 1) {
+    return Fail(
+        absl::InvalidArgumentError("run: give exactly one of --prompt, --session and --prompts"));
   }
   std::vector<std::string> turns;
-  if (f->Has("session")) {
-    auto t = ReadSession(f->String("session", ""));
+  for (const char* name : {"session", "prompts"}) {
+    if (!f->Has(name)) continue;
+    auto t = ReadSession(f->String(name, ""));
     if (!t.ok()) return Fail(t.status());
     turns = std::move(*t);
   }
@@ -164,6 +217,9 @@ int Run(int argc, char** argv) {
   req.ignore_eos = f->Has("ignore-eos");
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
+  if (f->Has("prompts")) {
+    return RunLaunched(launch, [&] { return BatchLeader(*f, *launch.serving, req, turns); });
+  }
   if (!turns.empty()) {
     return RunLaunched(launch, [&] { return SessionLeader(*f, *launch.serving, req, turns); });
   }

@@ -19,7 +19,8 @@ struct Scheduler::Sequence {
   std::vector<int32_t> tokens;  // prompt + generated; the last one's K/V is not computed yet
   int64_t computed = 0;         // positions whose K/V is in `blocks`
   std::vector<BlockId> blocks;
-  std::vector<kvstore::BlockHash> names;  // names of blocks [0, names.size()), a hash chain
+  std::vector<kvstore::BlockHash> names;    // names of blocks [0, names.size()), a hash chain
+  std::vector<kvstore::BlockHash> pending;  // names of the prompt blocks still to compute
   bool admitted_once = false;
   Completion done;
   Clock::time_point submitted, last_token;
@@ -153,18 +154,55 @@ void Scheduler::Admit(Sequence& s) {
       }
     }
   }
+}
+
+void Scheduler::Start(Sequence& s) {
   if (!s.admitted_once) {
     s.admitted_once = true;
     s.done.cached_tokens = s.computed;
-    stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
-    stats_.prefix_hit_tokens += s.computed;
   }
+  stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
+  stats_.prefix_hit_tokens += s.computed;
+  // Announce the full blocks this sequence is about to compute, so that requests sharing them
+  // wait for them instead of computing them again.
+  if (opts_.prefix_caching && s.req.prefix_cache) {
+    const int64_t bs = opts_.block_size;
+    kvstore::BlockHash parent = s.names.empty() ? salt_ : s.names.back();
+    for (int64_t i = static_cast<int64_t>(s.names.size());
+         (i + 1) * bs <= static_cast<int64_t>(s.tokens.size()); ++i) {
+      parent = kvstore::ChainHash(parent, std::span(s.tokens).subspan(i * bs, bs));
+      s.pending.push_back(parent);
+      ++in_flight_[parent];
+    }
+  }
+  running_.push_back(&s);
+}
+
+bool Scheduler::WaitsForInFlightBlock(const Sequence& s) const {
+  const int64_t bs = opts_.block_size;
+  const int64_t i = static_cast<int64_t>(s.names.size());
+  if (!opts_.prefix_caching || !s.req.prefix_cache || in_flight_.empty() ||
+      (i + 1) * bs > static_cast<int64_t>(s.tokens.size()) - 1 || s.computed != i * bs) {
+    return false;
+  }
+  const kvstore::BlockHash next = kvstore::ChainHash(s.names.empty() ? salt_ : s.names.back(),
+                                                     std::span(s.tokens).subspan(i * bs, bs));
+  return in_flight_.contains(next);
+}
+
+void Scheduler::DropInFlight(Sequence& s, size_t keep_from) {
+  for (size_t i = keep_from; i < s.pending.size(); ++i) {
+    auto it = in_flight_.find(s.pending[i]);
+    if (--it->second == 0) in_flight_.erase(it);
+  }
+  s.pending.resize(std::min(keep_from, s.pending.size()));
 }
 
 void Scheduler::ReleaseBlocks(Sequence& s) {
   // Tail first: the least valuable blocks (a finished sequence's own suffix) become the least
   // recently released, so they are evicted before the shared prefix.
   for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) blocks_.Release(*it);
+  DropInFlight(s, 0);
   s.blocks.clear();
   s.names.clear();
   s.computed = 0;
@@ -248,6 +286,12 @@ void Scheduler::NameFullBlocks(Sequence& s) {
                                                     std::span(s.tokens).subspan(i * bs, bs));
     blocks_.Name(s.blocks[i], h);  // false: another block has this name; ours stays unnamed
     s.names.push_back(h);
+    if (!s.pending.empty() && s.pending.front() == h) {
+      // Computed now: no longer in flight. (pending is short; erase from the front.)
+      auto it = in_flight_.find(h);
+      if (--it->second == 0) in_flight_.erase(it);
+      s.pending.erase(s.pending.begin());
+    }
   }
 }
 
@@ -307,17 +351,25 @@ absl::Status Scheduler::Step() {
   }
   // Admission: FCFS while the batch has room and the pool can hold the newcomer's prompt (an
   // empty batch always admits: a lone request fits, Submit checked).
-  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < opts_.max_seqs) {
-    Sequence& s = *waiting_.front();
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && static_cast<int32_t>(running_.size()) < opts_.max_seqs;) {
+    Sequence& s = **it;
     Admit(s);
+    // In-batch prefix sharing: if a running sequence is computing this one's next block right
+    // now, wait for it (later requests may go ahead) rather than compute the same prefix twice.
+    if (!running_.empty() && WaitsForInFlightBlock(s)) {
+      ReleaseBlocks(s);
+      ++it;
+      continue;
+    }
     const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
                          static_cast<int64_t>(s.blocks.size()) + 1;
     if (!running_.empty() && need > blocks_.available()) {
       ReleaseBlocks(s);
       break;
     }
-    waiting_.pop_front();
-    running_.push_back(&s);
+    it = waiting_.erase(it);
+    Start(s);
   }
   if (running_.empty()) return absl::OkStatus();
 

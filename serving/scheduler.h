@@ -8,7 +8,8 @@
 //   (Request::session_id) also keep their last partial block, copied before it is written.
 // - Continuous batching: between steps, waiting requests join the running batch (up to
 //   max_seqs); each step mixes decode tokens and prefill chunks under max_batched_tokens
-//   (chunked prefill), oldest sequence first.
+//   (chunked prefill), oldest sequence first. A request whose next prompt block a running
+//   sequence is computing waits for it (in-batch prefix sharing) instead of computing it again.
 // - Preemption by recompute: when blocks run out, the newest running sequence gives its blocks
 //   back and waits; it re-prefills its prompt and generated tokens later (through the prefix
 //   cache where its blocks survived). The oldest sequence always progresses, so nothing
@@ -121,6 +122,8 @@ class Scheduler {
   const Histogram& ttft_seconds() const { return ttft_; }
   const Histogram& itl_seconds() const { return itl_; }
   const kvstore::BlockManager& blocks() const { return blocks_; }
+  // The preemption test hook (SchedulerOptions::preempt_probability), for end-to-end tests.
+  void SetPreemptProbabilityForTesting(double p) { opts_.preempt_probability = p; }
   // Forgets every session (their partial blocks return to the pool).
   void DropSessions();
 
@@ -131,7 +134,10 @@ class Scheduler {
     Sequence* seq;
     int32_t chunk;
   };
-  void Admit(Sequence& s);
+  void Admit(Sequence& s);  // matches the cached prefix (acquires its blocks)
+  void Start(Sequence& s);  // moves an admitted sequence into the running batch
+  bool WaitsForInFlightBlock(const Sequence& s) const;
+  void DropInFlight(Sequence& s, size_t keep_from);
   bool EnsureBlocks(Sequence& s, int64_t end, worker::StepPlan& plan);
   std::optional<kvstore::BlockId> AllocateOrPreempt(Sequence& s, bool& self_preempted);
   void Preempt(Sequence& s);
@@ -152,6 +158,8 @@ class Scheduler {
   std::deque<Sequence*> waiting_;   // by arrival (preempted sequences go back to the front)
   std::vector<Sequence*> running_;  // by arrival
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
+  // Names of blocks running sequences will compute, with how many sequences compute each.
+  absl::flat_hash_map<kvstore::BlockHash, int32_t> in_flight_;
   SchedulerStats stats_;
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;

@@ -78,6 +78,34 @@ PY
   echo "session tp=$tp pp=$pp: same answers, turn 2 reused $(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[1])['cached_tokens'])" "$work/session.$tp.$pp") tokens"
 done
 
+# The serving engine under tp = 2 and pp = 2: a batch of requests with continuous batching,
+# chunked prefill, prefix reuse and forced preemption (p = 0.5 per step) gives every request
+# exactly the tokens it gets alone (one at a time, no reuse) and in the single process.
+python3 - "$work/batch.json" <<'PY'
+import json, sys
+doc = " ".join(f"Item {i} is kept on shelf {i % 4}." for i in range(1, 30))
+json.dump([doc + " Where is item 9?", "Name a fruit.", doc + " Where is item 21?",
+           "Count from one to five.", "Say hello in French."], open(sys.argv[1], "w"))
+PY
+batch=(--model "$model" --threads 1 --temperature 0 --max-tokens 12 --chat --prompts "$work/batch.json")
+"$bin" run "${batch[@]}" --max-seqs 1 --no-prefix-reuse >"$work/batch.ref" 2>/dev/null || fail "batch alone"
+for cfg in "2 1" "1 2"; do
+  read -r tp pp <<<"$cfg"
+  "${mpi[@]}" -np $((tp * pp)) "$bin" run --tp "$tp" --pp "$pp" "${batch[@]}" --max-seqs 1 --no-prefix-reuse \
+    >"$work/batch.alone.$tp.$pp" 2>"$work/err" || fail "batch alone tp=$tp pp=$pp: $(tail -n 3 "$work/err")"
+  "${mpi[@]}" -np $((tp * pp)) "$bin" run --tp "$tp" --pp "$pp" "${batch[@]}" --max-seqs 8 \
+    --max-batched-tokens 64 --kv-cache-mem 8 --test-preempt 0.5 \
+    >"$work/batch.$tp.$pp" 2>"$work/err" || fail "batch tp=$tp pp=$pp: $(tail -n 3 "$work/err")"
+  python3 - "$work/batch.ref" "$work/batch.alone.$tp.$pp" "$work/batch.$tp.$pp" <<'PY' || fail "batch tp=$tp pp=$pp differs"
+import json, sys
+ref, alone, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:4])
+assert [r["tokens"] for r in alone] == [r["tokens"] for r in ref], "alone differs from single process"
+assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "batched differs from alone"
+assert sum(r["preemptions"] for r in got) > 0, "nothing was preempted"
+PY
+  echo "batch tp=$tp pp=$pp: 5 requests batched with preemption = alone = single process ($(grep -o 'requests in.*' "$work/err"))"
+done
+
 # --print-plan shows a balanced split for tp = 2 (9 query heads: 5 + 4).
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --prompt hi --max-tokens 1 --print-plan >/dev/null 2>"$work/plan" || fail "print-plan"
 grep -q "rank 0: stage 0 layers \[0,30), tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"

@@ -160,6 +160,28 @@ TEST(Scheduler, SharedPrefixIsReusedAcrossRequestsAndOutputsDoNotChange) {
   h.ExpectNoLeaks();
 }
 
+// Requests that arrive together with a common uncached prefix: one computes it, the others
+// wait for its blocks instead of computing them again.
+TEST(Scheduler, ConcurrentRequestsOverOneContextComputeItOnce) {
+  Harness h({.n_blocks = 64, .block_size = 4, .max_batched_tokens = 8});
+  const auto doc = Tokens(40, 7);
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> reqs;
+  for (int q = 0; q < 4; ++q) {
+    auto p = doc;
+    for (int32_t t : Tokens(3, 400 + q)) p.push_back(t);
+    reqs.push_back({h.Submit(p, 5), p});
+  }
+  h.Drain();
+  for (size_t q = 0; q < reqs.size(); ++q) {
+    const Completion& c = h.done[reqs[q].first];
+    EXPECT_EQ(c.tokens, Expected(reqs[q].second, 5));
+    EXPECT_EQ(c.cached_tokens, q == 0 ? 0 : 40) << "request " << q;
+  }
+  // 40 document tokens once + 4 x 3 question tokens (+ decode) computed as prompt.
+  EXPECT_EQ(h.sched.stats().prompt_tokens_computed, 40 + 4 * 3);
+  h.ExpectNoLeaks();
+}
+
 TEST(Scheduler, SessionsReuseTheirPartialBlockThroughACopy) {
   Harness h({.n_blocks = 64, .block_size = 8});
   auto conv = Tokens(21, 3);
