@@ -59,10 +59,11 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
 
 int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 
-// A multi-turn script: a JSON array of strings, or one user turn per non-empty line.
-absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
+// A multi-turn script or a batch of prompts: a JSON array of strings, or one per non-empty line.
+absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
+                                                   const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(StrCat("cannot open session file '", path, "'"));
+  if (!in) return absl::NotFoundError(StrCat("cannot open ", what, " file '", path, "'"));
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
@@ -72,12 +73,12 @@ absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_array()) {
       return absl::InvalidArgumentError(
-          StrCat("session file '", path, "': not a JSON array of strings"));
+          StrCat(what, " file '", path, "': not a JSON array of strings"));
     }
     for (const auto& t : j) {
       if (!t.is_string()) {
         return absl::InvalidArgumentError(
-            StrCat("session file '", path, "': every turn must be a string"));
+            StrCat(what, " file '", path, "': every entry must be a string"));
       }
       turns.push_back(t.get<std::string>());
     }
@@ -88,8 +89,7 @@ absl::StatusOr<std::vector<std::string>> ReadSession(const std::string& path) {
       if (line.find_first_not_of(" \t\r") != std::string::npos) turns.push_back(line);
     }
   }
-  if (turns.empty())
-    return absl::InvalidArgumentError(StrCat("session file '", path, "' has no turns"));
+  if (turns.empty()) return absl::InvalidArgumentError(StrCat(what, " file '", path, "' is empty"));
   return turns;
 }
 
@@ -193,7 +193,7 @@ int Run(int argc, char** argv) {
   std::vector<std::string> turns;
   for (const char* name : {"session", "prompts"}) {
     if (!f->Has(name)) continue;
-    auto t = ReadSession(f->String(name, ""));
+    auto t = ReadTexts(name, f->String(name, ""));
     if (!t.ok()) return Fail(t.status());
     turns = std::move(*t);
   }

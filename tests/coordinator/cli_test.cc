@@ -54,7 +54,7 @@ void ExpectOneLineError(const std::vector<std::string>& args, const std::string&
 
 TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"frobnicate"}, "unknown command 'frobnicate'");
-  ExpectOneLineError({"run"}, "give exactly one of --prompt and --session");
+  ExpectOneLineError({"run"}, "give exactly one of --prompt, --session and --prompts");
   ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"},
                      "--temperature must be a number in [0, 100]");
   ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", "abc"},
@@ -69,14 +69,18 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");
   ExpectOneLineError({"model", "push"}, "kvmesh model pull");
   ExpectOneLineError({"run", "--prompt", "x", "--session", "s.txt"},
-                     "give exactly one of --prompt and --session");
+                     "give exactly one of --prompt, --session and --prompts");
   ExpectOneLineError({"run", "--session", "/nonexistent/session.txt"},
                      "cannot open session file '/nonexistent/session.txt'");
   ExpectOneLineError({"run", "--session", WriteTemp("bad.json", "[\"ok\", 3]")},
-                     "every turn must be a string");
+                     "every entry must be a string");
   ExpectOneLineError({"run", "--session", WriteTemp("broken.json", "[\"unterminated")},
                      "not a JSON array of strings");
-  ExpectOneLineError({"run", "--session", WriteTemp("empty.txt", "\n  \n")}, "has no turns");
+  ExpectOneLineError({"run", "--session", WriteTemp("empty.txt", "\n  \n")}, "is empty");
+  ExpectOneLineError({"run", "--prompts", "/nonexistent/p.txt"},
+                     "cannot open prompts file '/nonexistent/p.txt'");
+  ExpectOneLineError({"run", "--prompts", WriteTemp("p.txt", "hi\n"), "--test-preempt", "2"},
+                     "--test-preempt");
 }
 
 TEST(Cli, BadModelFiles) {
