@@ -1,0 +1,267 @@
+// SCBench-style shared-context benchmark on the serving engine (in process, real model).
+//
+// A long context (a JSON object of UUID key/value pairs, a set of code files, or prose) of 1K,
+// 4K or 8K tokens is followed by 5 queries, in two modes:
+//   multi-turn    one conversation: each turn appends the previous answer and a new question;
+//   multi-request the same context with independent questions, one request each.
+// Each is run with prefix reuse on and off (off: every prompt computed in full), reporting TTFT
+// per turn and the ratio. Then decode throughput with 1, 4 and 16 concurrent sequences over the
+// same context, and the KV bytes per token.
+//
+//   build/bin/shared_context_bench [--model PATH] [--threads N] [--contexts 1024,4096,8192]
+//       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "coordinator/flags.h"
+#include "coordinator/launch.h"
+#include "serving/serving_engine.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::bench {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Workload {
+  std::string context;
+  std::vector<std::string> questions;
+};
+
+std::string Uuid(std::mt19937_64& rng) {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 32; ++i) {
+    if (i == 8 || i == 12 || i == 16 || i == 20) s += '-';
+    s += hex[rng() % 16];
+  }
+  return s;
+}
+
+// Grows a context of `kind` until it has about `tokens` tokens; questions ask about items in it.
+Workload Make(const std::string& kind, int tokens, const model::Tokenizer& tok, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Workload w;
+  std::vector<std::string> keys, values;
+  const char* colours[] = {"red", "green", "blue", "amber", "violet", "white", "black", "grey"};
+  std::string body;
+  const size_t step = 16;  // items appended between token counts
+  for (int i = 0;; ++i) {
+    if (kind == "kv") {
+      keys.push_back(Uuid(rng));
+      values.push_back(Uuid(rng));
+      body += (i ? ", " : "") + std::string("\"") + keys.back() + "\": \"" + values.back() + "\"";
+    } else if (kind == "code") {
+      keys.push_back(StrCat("compute_", i));
+      values.push_back(std::to_string(rng() % 1000));
+      body += StrCat("def ", keys.back(), "(x):\n    \"\"\"Step ", i, " of the pipeline.\"\"\"\n",
+                     "    return x * ", values.back(), " + ", rng() % 97, "\n\n");
+    } else {
+      keys.push_back(StrCat("Person ", i));
+      values.push_back(colours[rng() % 8]);
+      body += StrCat(keys.back(), " lives in a ", values.back(), " house on street ", rng() % 300,
+                     " and walks to work every morning. ");
+    }
+    if (i % step == step - 1) {
+      const std::string c = kind == "kv" ? "{" + body + "}" : body;
+      if (static_cast<int>(tok.Encode(c, false).size()) >= tokens) {
+        w.context = c;
+        break;
+      }
+    }
+  }
+  for (int q = 0; q < 5; ++q) {
+    const size_t i = rng() % keys.size();
+    if (kind == "kv") {
+      w.questions.push_back("What is the value of key \"" + keys[i] + "\"?");
+    } else if (kind == "code") {
+      w.questions.push_back("What does " + keys[i] + "(1) return?");
+    } else {
+      w.questions.push_back("What colour is the house of " + keys[i] + "?");
+    }
+  }
+  return w;
+}
+
+struct Turn {
+  int64_t prompt_tokens = 0, cached_tokens = 0;
+  double ttft_ms = 0;
+};
+
+serving::Request Req(std::vector<int32_t> prompt, int max_tokens) {
+  serving::Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+// Runs the 5 queries in one mode; returns per-turn TTFT and cached counts.
+absl::StatusOr<std::vector<Turn>> RunMode(worker::Engine& e, const Workload& w, bool multi_turn,
+                                          bool reuse) {
+  serving::ServingEngine se(e, {.prefix_caching = reuse});
+  const model::ChatTemplate& tmpl = *e.chat_template();
+  std::vector<model::ChatMessage> messages;
+  std::vector<Turn> turns;
+  for (size_t q = 0; q < w.questions.size(); ++q) {
+    std::vector<model::ChatMessage> m;
+    if (multi_turn) {
+      messages.push_back({"user", q == 0 ? w.context + "\n\n" + w.questions[q] : w.questions[q]});
+      m = messages;
+    } else {
+      m = {{"user", w.context + "\n\n" + w.questions[q]}};
+    }
+    serving::Request r = Req(e.tokenizer().Encode(tmpl.Render(m, true), true), 32);
+    if (multi_turn) r.session_id = "bench";
+    auto c = se.Generate(r);
+    if (!c.ok()) return c.status();
+    if (!c->status.ok()) return c->status;
+    if (multi_turn) messages.push_back({"assistant", se.Text(c->tokens)});
+    turns.push_back({c->prompt_tokens, c->cached_tokens, c->ttft_ms});
+  }
+  return turns;
+}
+
+// Decode tokens/s with n sequences over the same context, counted from the moment every
+// sequence has its first token until the last one finishes.
+absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, int tokens) {
+  serving::ServingEngine se(e, {.max_seqs = std::max(16, n)});
+  const model::ChatTemplate& tmpl = *e.chat_template();
+  // Warm the context into the prefix cache first, so the decode phase starts together.
+  auto warm = se.Generate(Req(
+      e.tokenizer().Encode(tmpl.Render({{"user", w.context + "\n\nSummarise."}}, true), true), 1));
+  if (!warm.ok()) return warm.status();
+  int started = 0;
+  int64_t counted = 0;
+  Clock::time_point t0;
+  std::map<serving::RequestId, int> got;
+  for (int i = 0; i < n; ++i) {
+    serving::Request r =
+        Req(e.tokenizer().Encode(
+                tmpl.Render({{"user", w.context + "\n\n" + w.questions[i % w.questions.size()] +
+                                          StrCat(" (variant ", i, ")")}},
+                            true),
+                true),
+            tokens);
+    r.ignore_eos = true;
+    auto id = se.Submit(r, {.on_token = [&](serving::RequestId id, int32_t) {
+                          if (got[id]++ == 0 && ++started == n) t0 = Clock::now();
+                          if (started == n) ++counted;
+                        }});
+    if (!id.ok()) return id.status();
+  }
+  if (auto s = se.RunUntilIdle(); !s.ok()) return s;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(counted - 1) / secs;  // the token that completed the start
+}
+
+std::vector<int> Ints(const std::string& s) {
+  std::vector<int> out;
+  size_t b = 0;
+  while (b < s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    out.push_back(std::stoi(s.substr(b, e - b)));
+    b = e + 1;
+  }
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  auto f = coordinator::Flags::Parse(
+      argc, argv, 1,
+      {"model", "threads", "contexts", "kind", "concurrency", "decode-tokens", "kv-cache-mem"},
+      {"json"});
+  if (!f.ok()) return coordinator::Fail(f.status());
+  worker::EngineOptions o;
+  o.model_path = coordinator::ModelPath(*f);
+  o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));
+  o.kv_cache_bytes = f->Int("kv-cache-mem", 2048, 1, 1 << 20).value_or(2048) << 20;
+  auto engine = worker::Engine::Create(o);
+  if (!engine.ok()) return coordinator::Fail(engine.status());
+  worker::Engine& e = **engine;
+  const std::string kind = f->String("kind", "kv");
+  if (kind != "kv" && kind != "code" && kind != "prose") {
+    return coordinator::Fail(absl::InvalidArgumentError("--kind must be kv, code or prose"));
+  }
+  const auto contexts = Ints(f->String("contexts", "1024,4096,8192"));
+  const auto conc = Ints(f->String("concurrency", "1,4,16"));
+  const int decode_tokens = static_cast<int>(f->Int("decode-tokens", 64, 1, 4096).value_or(64));
+  const bool as_json = f->Has("json");
+  json out = {{"model", e.model().config().name},
+              {"threads", e.threads()},
+              {"kind", kind},
+              {"kv_bytes_per_token", e.kv_bytes_per_token()},
+              {"block_size", e.block_size()}};
+  if (!as_json) {
+    std::printf("model %s, %d threads, context kind '%s', KV %lld bytes/token (fp16, all layers)\n",
+                e.model().config().name.c_str(), e.threads(), kind.c_str(),
+                static_cast<long long>(e.kv_bytes_per_token()));
+  }
+  for (int ctx : contexts) {
+    const Workload w = Make(kind, ctx, e.tokenizer(), 1234 + ctx);
+    for (bool multi_turn : {true, false}) {
+      const char* mode = multi_turn ? "multi-turn" : "multi-request";
+      auto on = RunMode(e, w, multi_turn, true);
+      if (!on.ok()) return coordinator::Fail(on.status());
+      auto off = RunMode(e, w, multi_turn, false);
+      if (!off.ok()) return coordinator::Fail(off.status());
+      if (!as_json) {
+        std::printf(
+            "\n%s, %d-token context:\n| turn | prompt tokens | cached | TTFT on ms | TTFT off ms | "
+            "off/on |\n|---|---|---|---|---|---|\n",
+            mode, ctx);
+      }
+      std::vector<double> ratios;
+      for (size_t t = 0; t < on->size(); ++t) {
+        const Turn& a = (*on)[t];
+        const Turn& b = (*off)[t];
+        const double ratio = b.ttft_ms / a.ttft_ms;
+        if (t > 0) ratios.push_back(ratio);
+        if (!as_json) {
+          std::printf("| %zu | %lld | %lld | %.1f | %.1f | %.1fx |\n", t + 1,
+                      static_cast<long long>(a.prompt_tokens),
+                      static_cast<long long>(a.cached_tokens), a.ttft_ms, b.ttft_ms, ratio);
+        }
+        out["ttft"].push_back({{"context", ctx},
+                               {"mode", mode},
+                               {"turn", t + 1},
+                               {"prompt_tokens", a.prompt_tokens},
+                               {"cached_tokens", a.cached_tokens},
+                               {"ttft_on_ms", a.ttft_ms},
+                               {"ttft_off_ms", b.ttft_ms}});
+      }
+      std::sort(ratios.begin(), ratios.end());
+      if (!as_json) {
+        std::printf("median TTFT ratio (off/on) over turns 2-5: %.1fx\n",
+                    ratios[ratios.size() / 2]);
+      }
+    }
+    double single = 0;
+    for (int n : conc) {
+      auto rate = DecodeRate(e, w, n, decode_tokens);
+      if (!rate.ok()) return coordinator::Fail(rate.status());
+      if (n == 1) single = *rate;
+      if (!as_json) {
+        std::printf(
+            "decode, %2d concurrent sequences over the %d-token context: %.1f tokens/s%s\n", n, ctx,
+            *rate,
+            single > 0 && n > 1 ? StrCat(" (", *rate / single, "x one sequence)").c_str() : "");
+      }
+      out["decode"].push_back({{"context", ctx}, {"sequences", n}, {"tokens_per_s", *rate}});
+    }
+  }
+  if (as_json) std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvmesh::bench
+
+int main(int argc, char** argv) { return kvmesh::bench::Main(argc, argv); }
