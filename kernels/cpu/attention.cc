@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -10,76 +12,88 @@ namespace kvmesh::kernels {
 
 namespace {
 
-constexpr int64_t kKeyChunk = 64;       // scores kept per step of the online softmax
-constexpr int64_t kKeysPerSplit = 512;  // a query's keys are split in runs of about this many
-constexpr int64_t kMaxSplits = 16;
+constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
+constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * kRange, ...)
+constexpr int64_t kMaxRowsPerTask = 32;
+static_assert(kRange % kKeyChunk == 0);
 
-// How many parts a query with n_keys keys is split into (flash-decoding). A function of the
-// query's own key count only, never of the batch or thread count: a sequence's outputs are
-// then bit-identical whether it runs alone or batched, whole or in prefill chunks.
-int64_t SplitsFor(int64_t n_keys) {
-  return std::clamp<int64_t>(n_keys / kKeysPerSplit, 1, kMaxSplits);
-}
+// How the work is cut, and why outputs are batch invariant:
+// - A query row with n keys attends to ranges [s * kRange, min((s + 1) * kRange, n)), each in
+//   chunks of kKeyChunk keys starting at s * kRange, producing a partial softmax record per
+//   (row, query head, range); the records are merged in range order. All of this depends only on
+//   the row's key count, never on the batch or the thread count, so a row's output is
+//   bit-identical alone, batched, or in any prefill chunking.
+// - A task is (kv head, range, up to kMaxRowsPerTask rows whose keys in that range are the same
+//   bytes: rows of one sequence, or rows of sequences whose block tables share those blocks).
+//   It walks the range chunk by chunk and runs every row over each chunk while the chunk's K/V
+//   are hot in L1: a shared prefix is read from memory once per task instead of once per row
+//   (cascade attention), without changing any row's arithmetic.
 
-// Calls fn(key offset in [0, n), k run, v run, run length) for the runs of keys [j0, j0 + n)
-// that are contiguous in memory: within one block of a paged cache.
-template <typename Fn>
-void ForEachRun(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
-                const uint16_t* vbase, int64_t j0, int64_t n, Fn&& fn) {
+struct Task {
+  int64_t s;          // range index
+  int64_t first_row;  // rows [first_row, first_row + n_rows) of `rows`
+  int64_t n_rows;
+  const int32_t* table;  // a block table valid for the range (any row's: they agree there)
+};
+
+struct Run {
+  int64_t off, len, at;  // key offset in the chunk, run length, element offset in the layer
+};
+
+// The runs of keys [j0, j0 + n) contiguous in memory (inside one block).
+int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, int64_t n,
+               Run* runs) {
+  int64_t k = 0;
   for (int64_t j = j0; j < j0 + n;) {
     const int64_t slot = j % a.block_size;
     const int64_t len = std::min(a.block_size - slot, j0 + n - j);
-    const int64_t at = table[j / a.block_size] * a.block_stride + slot * a.pos_stride;
-    fn(j - j0, kbase + at, vbase + at, len);
+    runs[k++] = {j - j0, len, table[j / a.block_size] * a.block_stride + slot * a.pos_stride};
     j += len;
+  }
+  return k;
+}
+
+// One chunk of keys for the `group` query heads q of one row: updates the records [m, l, o...]
+// (stride 2 + d) with keys [0, n) of the chunk given by its runs.
+void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
+                 int64_t group, const uint16_t* kbase, const uint16_t* vbase, const Run* runs,
+                 int64_t n_runs, int64_t n, float* scores, float* rec) {
+  const int64_t d = a.head_dim;
+  const int64_t stride = 2 + d;
+  for (int64_t r = 0; r < n_runs && runs[r].off < n; ++r) {
+    const int64_t len = std::min(runs[r].len, n - runs[r].off);
+    p.qk(q, group, d, kbase + runs[r].at, a.pos_stride, len, a.scale, scores + runs[r].off,
+         kKeyChunk);
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* r = rec + g * stride;
+    float* sc = scores + g * kKeyChunk;
+    float cmax = r[0];
+    for (int64_t j = 0; j < n; ++j) cmax = std::max(cmax, sc[j]);
+    // Rescale what was accumulated under the old max, once per chunk.
+    const float rescale = std::exp(r[0] - cmax);
+    r[0] = cmax;
+    p.exp_shifted(sc, cmax, sc, n);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += sc[j];
+    r[1] = r[1] * rescale + sum;
+    if (rescale != 1.0f) {
+      for (int64_t i = 0; i < d; ++i) r[2 + i] *= rescale;
+    }
+  }
+  // V: each row is loaded once for all heads of the group.
+  for (int64_t r = 0; r < n_runs && runs[r].off < n; ++r) {
+    const int64_t len = std::min(runs[r].len, n - runs[r].off);
+    p.pv(scores + runs[r].off, kKeyChunk, group, d, vbase + runs[r].at, a.pos_stride, len, rec + 2,
+         stride);
   }
 }
 
-// Online-softmax state of one query head over a range of keys: running max m, running sum l of
-// exp(s - m), and the unnormalised output o (head_dim floats), stored as [m, l, o...].
-// Attends the `group` query heads q[g * d ...] of one KV head to keys [j_begin, j_end) of one
-// sequence. Writes one record per query head into `out` (stride 2 + d floats).
-void AttendRange(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
-                 int64_t group, const int32_t* table, const uint16_t* kbase, const uint16_t* vbase,
-                 int64_t j_begin, int64_t j_end, float* out) {
-  const int64_t d = a.head_dim;
-  const int64_t rec = 2 + d;
-  thread_local std::vector<float> score_buf;  // this thread's [group, kKeyChunk] scores
-  score_buf.resize(static_cast<size_t>(group * kKeyChunk));
-  auto scores = [&](int64_t g) { return score_buf.data() + g * kKeyChunk; };
-  for (int64_t g = 0; g < group; ++g) {
-    float* r = out + g * rec;
-    r[0] = -std::numeric_limits<float>::infinity();
-    r[1] = 0.0f;
-    std::fill(r + 2, r + 2 + d, 0.0f);
-  }
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
-    const int64_t n = std::min(kKeyChunk, j_end - j0);
-    ForEachRun(a, table, kbase, vbase, j0, n,
-               [&](int64_t off, const uint16_t* k, const uint16_t*, int64_t len) {
-                 p.qk(q, group, d, k, a.pos_stride, len, a.scale, scores(0) + off, kKeyChunk);
-               });
-    for (int64_t g = 0; g < group; ++g) {
-      float* r = out + g * rec;
-      float cmax = r[0];
-      for (int64_t j = 0; j < n; ++j) cmax = std::max(cmax, scores(g)[j]);
-      // Rescale what was accumulated under the old max, once per chunk.
-      const float rescale = std::exp(r[0] - cmax);
-      r[0] = cmax;
-      p.exp_shifted(scores(g), cmax, scores(g), n);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) sum += scores(g)[j];
-      r[1] = r[1] * rescale + sum;
-      if (rescale != 1.0f) {
-        for (int64_t i = 0; i < d; ++i) r[2 + i] *= rescale;
-      }
-    }
-    // V: each row is loaded once for all heads of the group.
-    ForEachRun(a, table, kbase, vbase, j0, n,
-               [&](int64_t off, const uint16_t*, const uint16_t* v, int64_t len) {
-                 p.pv(scores(0) + off, kKeyChunk, group, d, v, a.pos_stride, len, out + 2, rec);
-               });
-  }
+// Whether blocks covering keys [j0, j1) are the same in both tables.
+bool SameBlocks(const PagedAttentionArgs& a, const int32_t* x, const int32_t* y, int64_t j0,
+                int64_t j1) {
+  const int64_t b0 = j0 / a.block_size, b1 = (j1 - 1) / a.block_size + 1;
+  return x == y || std::memcmp(x + b0, y + b0, sizeof(int32_t) * (b1 - b0)) == 0;
 }
 
 }  // namespace
@@ -88,7 +102,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   const auto& p = cpu::Prims();
   const int64_t group = a.group > 0 ? a.group : a.n_heads / a.n_kv_heads;
   const int64_t d = a.head_dim;
-  const int64_t rec = 2 + d;
+  const int64_t stride = 2 + d;
   // Local query heads [first, last) of local KV head kvh.
   auto heads_of = [&](int64_t kvh) {
     const int64_t g = a.kv_head0 + kvh;
@@ -96,94 +110,151 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     const int64_t last = std::min(a.q_head0 + a.n_heads, (g + 1) * group) - a.q_head0;
     return std::pair<int64_t, int64_t>{first, last};
   };
-  // Rows of q map to (sequence, row): a batch mixes prefill chunks and single decode tokens.
   int64_t total = 0;
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     total = std::max(total, a.seqs[s].token0 + a.seqs[s].tokens);
   }
-  thread_local std::vector<int32_t> seq_of_row_storage;
-  std::vector<int32_t>& seq_of_row = seq_of_row_storage;
-  seq_of_row.assign(static_cast<size_t>(total), -1);
-  for (int64_t s = 0; s < a.n_seqs; ++s) {
-    for (int64_t t = 0; t < a.seqs[s].tokens; ++t) {
-      seq_of_row[a.seqs[s].token0 + t] = static_cast<int32_t>(s);
+  // Per row: its key count and where its records start ([kv head][range][group] records).
+  thread_local std::vector<int64_t> n_keys_storage, rec0_storage, rows_storage;
+  thread_local std::vector<Task> tasks_storage;
+  thread_local std::vector<float> records_storage;
+  std::vector<int64_t>& n_keys = n_keys_storage;
+  std::vector<int64_t>& rec0 = rec0_storage;
+  std::vector<int64_t>& rows = rows_storage;
+  std::vector<Task>& tasks = tasks_storage;
+  std::vector<float>& records = records_storage;  // workers reach it through this reference
+  n_keys.assign(static_cast<size_t>(total), 0);
+  rec0.assign(static_cast<size_t>(total + 1), 0);
+  for (int64_t q = 0; q < a.n_seqs; ++q) {
+    for (int64_t t = 0; t < a.seqs[q].tokens; ++t)
+      n_keys[a.seqs[q].token0 + t] = a.seqs[q].pos0 + t + 1;
+  }
+  for (int64_t row = 0; row < total; ++row) {
+    const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
+    rec0[row + 1] = rec0[row] + a.n_kv_heads * ranges * group;
+  }
+  records.resize(static_cast<size_t>(rec0[total] * stride));
+
+  // Tasks: for each sequence and range, the rows that reach into that range (its later rows).
+  // Full ranges of different sequences with the same blocks are merged (a shared prefix).
+  struct Entry {
+    int64_t s, q, row0, row1;  // rows [row0, row1) of sequence q
+    bool full;                 // every row covers the whole range
+  };
+  std::vector<Entry> entries;
+  for (int64_t q = 0; q < a.n_seqs; ++q) {
+    const AttentionSeq& sq = a.seqs[q];
+    if (sq.tokens <= 0) continue;
+    const int64_t max_keys = sq.pos0 + sq.tokens;
+    for (int64_t s = 0; s * kRange < max_keys; ++s) {
+      // First row whose keys reach past s * kRange: key count pos0 + t + 1 > s * kRange.
+      const int64_t t0 = std::max<int64_t>(0, s * kRange - sq.pos0);
+      entries.push_back(
+          {s, q, sq.token0 + t0, sq.token0 + sq.tokens, sq.pos0 + t0 + 1 >= (s + 1) * kRange});
     }
   }
-  // Work units are (row, kv head, key split); a row's split count depends on its key count.
-  // Decode has few (row, kv head) pairs, so splitting long key ranges keeps every thread busy;
-  // the partial softmaxes are merged after.
-  thread_local std::vector<int64_t> unit0_storage;  // first unit of each row
-  std::vector<int64_t>& unit0 = unit0_storage;
-  unit0.resize(static_cast<size_t>(total + 1));
-  int64_t units = 0, max_splits = 1;
-  for (int64_t row = 0; row < total; ++row) {
-    unit0[row] = units;
-    const int32_t si = seq_of_row[row];
-    const int64_t splits = si < 0 ? 0 : SplitsFor(a.seqs[si].pos0 + (row - a.seqs[si].token0) + 1);
-    max_splits = std::max(max_splits, splits);
-    units += splits * a.n_kv_heads;
+  // Bring equal full ranges together: by range, then by the range's block ids.
+  std::stable_sort(entries.begin(), entries.end(), [&](const Entry& x, const Entry& y) {
+    if (x.s != y.s) return x.s < y.s;
+    if (x.full != y.full) return x.full;
+    if (!x.full) return x.q < y.q;
+    const int64_t b0 = x.s * kRange / a.block_size,
+                  b1 = ((x.s + 1) * kRange - 1) / a.block_size + 1;
+    return std::lexicographical_compare(a.seqs[x.q].block_table + b0, a.seqs[x.q].block_table + b1,
+                                        a.seqs[y.q].block_table + b0, a.seqs[y.q].block_table + b1);
+  });
+  tasks.clear();
+  rows.clear();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    const bool joins = i > 0 && e.full && entries[i - 1].full && entries[i - 1].s == e.s &&
+                       SameBlocks(a, a.seqs[entries[i - 1].q].block_table, a.seqs[e.q].block_table,
+                                  e.s * kRange, (e.s + 1) * kRange);
+    for (int64_t row = e.row0; row < e.row1; ++row) {
+      if (tasks.empty() || (row == e.row0 && !joins) || tasks.back().n_rows == kMaxRowsPerTask) {
+        tasks.push_back({e.s, static_cast<int64_t>(rows.size()), 0, a.seqs[e.q].block_table});
+      }
+      rows.push_back(row);
+      ++tasks.back().n_rows;
+    }
   }
-  unit0[total] = units;
-  thread_local std::vector<float> scratch_storage;
-  std::vector<float>& scratch = scratch_storage;  // workers reach it through this reference
-  if (max_splits > 1) scratch.resize(static_cast<size_t>(units * group * rec));
-  pool.ParallelFor(units, 1, [&](int64_t u0, int64_t u1) {
-    thread_local std::vector<float> local;  // this worker's records when keys are not split
-    local.resize(static_cast<size_t>(group * rec));
-    // The row of unit u0 (rows are few in decode, so a linear scan from a binary search start).
-    int64_t row = std::upper_bound(unit0.begin(), unit0.begin() + total, u0) - unit0.begin() - 1;
-    for (int64_t u = u0; u < u1; ++u) {
-      while (u >= unit0[row + 1]) ++row;
-      const int32_t si = seq_of_row[row];
-      const AttentionSeq& sq = a.seqs[si];
-      const int64_t n_keys = sq.pos0 + (row - sq.token0) + 1;
-      const int64_t splits = SplitsFor(n_keys);
-      const int64_t kvh = (u - unit0[row]) / splits, s = (u - unit0[row]) % splits;
+
+  // Tasks differ in size (shared ranges, triangular prefill), so threads take them dynamically.
+  const int64_t n_units = static_cast<int64_t>(tasks.size()) * a.n_kv_heads;
+  std::atomic<int64_t> next_unit{0};
+  pool.Run([&](int, int) {
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(group * kKeyChunk));
+    Run runs[kKeyChunk + 1];
+    for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
+      const Task& task = tasks[u / a.n_kv_heads];
+      const int64_t kvh = u % a.n_kv_heads;
       const auto [h0, h1] = heads_of(kvh);
       if (h1 <= h0) continue;
-      const int64_t j_begin = n_keys * s / splits, j_end = n_keys * (s + 1) / splits;
-      const float* q = a.q + (row * a.n_heads + h0) * d;
-      float* rec_out = splits > 1 ? scratch.data() + u * group * rec : local.data();
-      AttendRange(a, p, q, h1 - h0, sq.block_table, a.k + kvh * d, a.v + kvh * d, j_begin, j_end,
-                  rec_out);
-      if (splits == 1) {
+      const int64_t j_begin = task.s * kRange;
+      int64_t j_end = j_begin;
+      for (int64_t i = 0; i < task.n_rows; ++i) {
+        const int64_t row = rows[task.first_row + i];
+        j_end = std::max(j_end, std::min(j_begin + kRange, n_keys[row]));
+        float* rec =
+            records.data() +
+            (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
         for (int64_t g = 0; g < h1 - h0; ++g) {
-          const float* r = rec_out + g * rec;
-          float* o = a.out + (row * a.n_heads + h0 + g) * d;
-          const float inv = 1.0f / r[1];
-          for (int64_t i = 0; i < d; ++i) o[i] = r[2 + i] * inv;
+          rec[g * stride] = -std::numeric_limits<float>::infinity();
+          rec[g * stride + 1] = 0.0f;
+          std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
+        }
+      }
+      const uint16_t* kbase = a.k + kvh * d;
+      const uint16_t* vbase = a.v + kvh * d;
+      for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
+        const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
+        for (int64_t i = 0; i < task.n_rows; ++i) {
+          const int64_t row = rows[task.first_row + i];
+          const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
+          if (n <= 0) continue;
+          float* rec =
+              records.data() +
+              (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
+          AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kbase, vbase, runs, n_runs,
+                      n, scores.data(), rec);
         }
       }
     }
   });
-  if (max_splits == 1) return;
-  // Merge the splits of each (row, head): rescale every partial to the common max.
-  for (int64_t row = 0; row < total; ++row) {
-    const int32_t si = seq_of_row[row];
-    if (si < 0) continue;
-    const int64_t splits = SplitsFor(a.seqs[si].pos0 + (row - a.seqs[si].token0) + 1);
-    if (splits == 1) continue;
-    for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh) {
-      const auto [h0, h1] = heads_of(kvh);
-      const float* base = scratch.data() + (unit0[row] + kvh * splits) * group * rec;
-      for (int64_t g = 0; g < h1 - h0; ++g) {
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s < splits; ++s) m = std::max(m, base[(s * group + g) * rec]);
-        float* o = a.out + (row * a.n_heads + h0 + g) * d;
-        std::fill(o, o + d, 0.0f);
-        float l = 0.0f;
-        for (int64_t s = 0; s < splits; ++s) {
-          const float* r = base + (s * group + g) * rec;
-          if (r[1] == 0.0f) continue;  // an empty split
-          const float w = std::exp(r[0] - m);
-          l += r[1] * w;
-          for (int64_t i = 0; i < d; ++i) o[i] += r[2 + i] * w;
+
+  // Merge each (row, head)'s range records in range order: rescale to the common max.
+  pool.ParallelFor(total, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      if (n_keys[row] == 0) continue;
+      const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
+      for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh) {
+        const auto [h0, h1] = heads_of(kvh);
+        const float* base = records.data() + (rec0[row] + kvh * ranges * group) * stride;
+        for (int64_t g = 0; g < h1 - h0; ++g) {
+          float* o = a.out + (row * a.n_heads + h0 + g) * d;
+          if (ranges == 1) {
+            const float* r = base + g * stride;
+            const float inv = 1.0f / r[1];
+            for (int64_t i = 0; i < d; ++i) o[i] = r[2 + i] * inv;
+            continue;
+          }
+          float m = -std::numeric_limits<float>::infinity();
+          for (int64_t s = 0; s < ranges; ++s) m = std::max(m, base[(s * group + g) * stride]);
+          std::fill(o, o + d, 0.0f);
+          float l = 0.0f;
+          for (int64_t s = 0; s < ranges; ++s) {
+            const float* r = base + (s * group + g) * stride;
+            const float w = std::exp(r[0] - m);
+            l += r[1] * w;
+            for (int64_t i = 0; i < d; ++i) o[i] += r[2 + i] * w;
+          }
+          const float inv = 1.0f / l;
+          for (int64_t i = 0; i < d; ++i) o[i] *= inv;
         }
-        const float inv = 1.0f / l;
-        for (int64_t i = 0; i < d; ++i) o[i] *= inv;
       }
     }
-  }
+  });
 }
 
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
