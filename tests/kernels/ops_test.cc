@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -214,6 +215,94 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
                  pool);
     EXPECT_LT(RelL2(out, ref), 1e-5)
         << "tokens=" << c.tokens << " pos0=" << c.pos0 << " hd=" << c.hd;
+  }
+}
+
+// A batch over a paged cache: sequences sharing blocks of a long prefix (attended together,
+// cascade style), prefill chunks and decode rows mixed, scrambled block ids. Every row must be
+// bit-identical to its sequence run alone (and with another thread count), and close to a naive
+// float64 softmax.
+TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
+  for (const int64_t bs : {16, 7}) {
+    const int64_t n_heads = 9, n_kv = 3, hd = 64, stride = n_kv * hd;
+    const int64_t per = 2200 / bs + 1;  // blocks per table
+    const int64_t n_blocks = 3 * per;
+    const auto kf = Randn(n_blocks * bs * stride, 11);
+    const auto vf = Randn(n_blocks * bs * stride, 12);
+    std::vector<uint16_t> k(kf.size()), v(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+      k[i] = FloatToFp16(kf[i]);
+      v[i] = FloatToFp16(vf[i]);
+    }
+    // Block tables: A and B share their first 1300 positions' blocks; C is its own.
+    std::vector<int32_t> perm(n_blocks);
+    for (int32_t i = 0; i < n_blocks; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(bs));
+    const int64_t shared = 1300 / bs;
+    std::vector<int32_t> ta(perm.begin(), perm.begin() + per), tb = ta, tc;
+    for (int64_t i = shared; i < per; ++i) tb[i] = perm[per + i];
+    tc.assign(perm.begin() + 2 * per, perm.begin() + 3 * per);
+    struct S {
+      int64_t tokens, pos0;
+      const std::vector<int32_t>* table;
+    };
+    const std::vector<S> seqs = {{1, 1700, &ta}, {5, 1290, &tb}, {1, 2100, &tc},
+                                 {1, 1450, &tb}, {3, 510, &ta},  {1, 40, &tc}};
+    int64_t rows = 0;
+    for (const S& q : seqs) rows += q.tokens;
+    const auto q = Randn(rows * n_heads * hd, 13, 0.5f);
+    const float scale = 0.125f;
+    std::vector<AttentionSeq> batch;
+    for (int64_t i = 0, r = 0; i < static_cast<int64_t>(seqs.size()); r += seqs[i].tokens, ++i) {
+      batch.push_back({r, seqs[i].tokens, seqs[i].pos0, seqs[i].table->data()});
+    }
+    auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows, int th) {
+      ThreadPool pool(th);
+      std::vector<float> out(n_rows * n_heads * hd, 99.0f);
+      PagedAttentionCpu({qp, k.data(), v.data(), out.data(), n_heads, n_kv, hd, stride, bs,
+                         bs * stride, b.data(), static_cast<int64_t>(b.size()), scale},
+                        pool);
+      return out;
+    };
+    const auto together = run(batch, q.data(), rows, 2);
+    EXPECT_EQ(together, run(batch, q.data(), rows, 1)) << "thread count changed the bits";
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t r0 = batch[i].token0, n = seqs[i].tokens;
+      const std::vector<AttentionSeq> one = {{0, n, seqs[i].pos0, seqs[i].table->data()}};
+      const auto alone = run(one, q.data() + r0 * n_heads * hd, n, 2);
+      const size_t len = static_cast<size_t>(n * n_heads * hd);
+      EXPECT_EQ(0,
+                std::memcmp(alone.data(), together.data() + r0 * n_heads * hd, len * sizeof(float)))
+          << "block size " << bs << ", sequence " << i;
+      // Naive reference for this sequence's rows.
+      std::vector<double> ref(len);
+      std::vector<float> got(together.begin() + r0 * n_heads * hd,
+                             together.begin() + r0 * n_heads * hd + len);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t kvh = h / 3, keys = seqs[i].pos0 + t + 1;
+          auto at = [&](int64_t p) {
+            return (*seqs[i].table)[p / bs] * bs * stride + (p % bs) * stride + kvh * hd;
+          };
+          std::vector<double> sc(keys);
+          double mx = -1e300, z = 0;
+          for (int64_t j = 0; j < keys; ++j) {
+            double dot = 0;
+            for (int64_t x = 0; x < hd; ++x) {
+              dot += q[((r0 + t) * n_heads + h) * hd + x] * Fp16ToFloat(k[at(j) + x]);
+            }
+            mx = std::max(mx, sc[j] = dot * scale);
+          }
+          for (auto& e : sc) z += (e = std::exp(e - mx));
+          for (int64_t x = 0; x < hd; ++x) {
+            double o = 0;
+            for (int64_t j = 0; j < keys; ++j) o += sc[j] / z * Fp16ToFloat(v[at(j) + x]);
+            ref[(t * n_heads + h) * hd + x] = o;
+          }
+        }
+      }
+      EXPECT_LT(RelL2(got, ref), 1e-5) << "block size " << bs << ", sequence " << i;
+    }
   }
 }
 
