@@ -52,31 +52,28 @@ Workload Make(const std::string& kind, int tokens, const model::Tokenizer& tok, 
   std::vector<std::string> keys, values;
   const char* colours[] = {"red", "green", "blue", "amber", "violet", "white", "black", "grey"};
   std::string body;
-  const size_t step = 16;  // items appended between token counts
-  for (int i = 0;; ++i) {
+  int64_t counted = 0;  // tokens of the items so far, each tokenised alone (close to the whole)
+  for (int i = 0; counted < tokens; ++i) {
+    std::string item;
     if (kind == "kv") {
       keys.push_back(Uuid(rng));
       values.push_back(Uuid(rng));
-      body += (i ? ", " : "") + std::string("\"") + keys.back() + "\": \"" + values.back() + "\"";
+      item = (i ? ", " : "") + std::string("\"") + keys.back() + "\": \"" + values.back() + "\"";
     } else if (kind == "code") {
       keys.push_back(StrCat("compute_", i));
       values.push_back(std::to_string(rng() % 1000));
-      body += StrCat("def ", keys.back(), "(x):\n    \"\"\"Step ", i, " of the pipeline.\"\"\"\n",
-                     "    return x * ", values.back(), " + ", rng() % 97, "\n\n");
+      item = StrCat("def ", keys.back(), "(x):\n    \"\"\"Step ", i, " of the pipeline.\"\"\"\n",
+                    "    return x * ", values.back(), " + ", rng() % 97, "\n\n");
     } else {
       keys.push_back(StrCat("Person ", i));
       values.push_back(colours[rng() % 8]);
-      body += StrCat(keys.back(), " lives in a ", values.back(), " house on street ", rng() % 300,
-                     " and walks to work every morning. ");
+      item = StrCat(keys.back(), " lives in a ", values.back(), " house on street ", rng() % 300,
+                    " and walks to work every morning. ");
     }
-    if (i % step == step - 1) {
-      const std::string c = kind == "kv" ? "{" + body + "}" : body;
-      if (static_cast<int>(tok.Encode(c, false).size()) >= tokens) {
-        w.context = c;
-        break;
-      }
-    }
+    counted += static_cast<int64_t>(tok.Encode(item, false).size());
+    body += item;
   }
+  w.context = kind == "kv" ? "{" + body + "}" : body;
   for (int q = 0; q < 5; ++q) {
     const size_t i = rng() % keys.size();
     if (kind == "kv") {
@@ -205,7 +202,10 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(e.kv_bytes_per_token()));
   }
   for (int ctx : contexts) {
-    const Workload w = Make(kind, ctx, e.tokenizer(), 1234 + ctx);
+    // The whole conversation must fit the model's window: keep ~400 tokens for the chat
+    // template, five questions and four answers.
+    const int target = static_cast<int>(std::min<int64_t>(ctx, e.ctx_size() - 400));
+    const Workload w = Make(kind, target, e.tokenizer(), 1234 + ctx);
     for (bool multi_turn : {true, false}) {
       const char* mode = multi_turn ? "multi-turn" : "multi-request";
       auto on = RunMode(e, w, multi_turn, true);
