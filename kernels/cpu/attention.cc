@@ -53,17 +53,39 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   return k;
 }
 
-// One chunk of keys for the `group` query heads q of one row: updates the records [m, l, o...]
-// (stride 2 + d) with keys [0, n) of the chunk given by its runs.
+// Converts the chunk's K and V (its runs, n keys) into fp32 rows [n, d]: once per task and
+// chunk, then shared by every row of the task.
+void StageChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* kbase,
+                const uint16_t* vbase, const Run* runs, int64_t n_runs, float* kf, float* vf) {
+  const int64_t d = a.head_dim;
+  for (int64_t r = 0; r < n_runs; ++r) {
+    for (int64_t i = 0; i < runs[r].len; ++i) {
+      const int64_t at = runs[r].at + i * a.pos_stride;
+      p.f16_to_f32(kbase + at, kf + (runs[r].off + i) * d, d);
+      p.f16_to_f32(vbase + at, vf + (runs[r].off + i) * d, d);
+    }
+  }
+}
+
+// Where a chunk's K/V are read from: staged fp32 rows (kf/vf, shared by a task's rows) or, for
+// a task of one row, the cache's fp16 runs directly. The primitives give identical bits.
+struct ChunkKv {
+  const float* kf = nullptr;
+  const float* vf = nullptr;
+  const uint16_t* const* krows = nullptr;  // per key of the chunk: its fp16 K row
+  const uint16_t* const* vrows = nullptr;
+};
+
+// One chunk of keys [0, n) for the `group` query heads q of one row: updates the records
+// [m, l, o...] (stride 2 + d).
 void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
-                 int64_t group, const uint16_t* kbase, const uint16_t* vbase, const Run* runs,
-                 int64_t n_runs, int64_t n, float* scores, float* rec) {
+                 int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
-  for (int64_t r = 0; r < n_runs && runs[r].off < n; ++r) {
-    const int64_t len = std::min(runs[r].len, n - runs[r].off);
-    p.qk(q, group, d, kbase + runs[r].at, a.pos_stride, len, a.scale, scores + runs[r].off,
-         kKeyChunk);
+  if (kv.kf != nullptr) {
+    p.qk(q, group, d, kv.kf, n, a.scale, scores, kKeyChunk);
+  } else {
+    p.qk_f16(q, group, d, kv.krows, n, a.scale, scores, kKeyChunk);
   }
   for (int64_t g = 0; g < group; ++g) {
     float* r = rec + g * stride;
@@ -82,10 +104,10 @@ void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
     }
   }
   // V: each row is loaded once for all heads of the group.
-  for (int64_t r = 0; r < n_runs && runs[r].off < n; ++r) {
-    const int64_t len = std::min(runs[r].len, n - runs[r].off);
-    p.pv(scores + runs[r].off, kKeyChunk, group, d, vbase + runs[r].at, a.pos_stride, len, rec + 2,
-         stride);
+  if (kv.vf != nullptr) {
+    p.pv(scores, kKeyChunk, group, d, kv.vf, n, rec + 2, stride);
+  } else {
+    p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
   }
 }
 
@@ -183,9 +205,13 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   const int64_t n_units = static_cast<int64_t>(tasks.size()) * a.n_kv_heads;
   std::atomic<int64_t> next_unit{0};
   pool.Run([&](int, int) {
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, kf, vf;
     scores.resize(static_cast<size_t>(group * kKeyChunk));
+    kf.resize(static_cast<size_t>(kKeyChunk * d));
+    vf.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs[kKeyChunk + 1];
+    const uint16_t* krows[kKeyChunk];
+    const uint16_t* vrows[kKeyChunk];
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
       const Task& task = tasks[u / a.n_kv_heads];
       const int64_t kvh = u % a.n_kv_heads;
@@ -209,6 +235,21 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       const uint16_t* vbase = a.v + kvh * d;
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
         const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
+        ChunkKv kv;
+        if (task.n_rows == 1) {
+          for (int64_t r = 0, j = 0; r < n_runs; ++r) {
+            for (int64_t i = 0; i < runs[r].len; ++i, ++j) {
+              krows[j] = kbase + runs[r].at + i * a.pos_stride;
+              vrows[j] = vbase + runs[r].at + i * a.pos_stride;
+            }
+          }
+          kv.krows = krows;
+          kv.vrows = vrows;
+        } else {
+          StageChunk(a, p, kbase, vbase, runs, n_runs, kf.data(), vf.data());
+          kv.kf = kf.data();
+          kv.vf = vf.data();
+        }
         for (int64_t i = 0; i < task.n_rows; ++i) {
           const int64_t row = rows[task.first_row + i];
           const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
@@ -216,8 +257,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
           float* rec =
               records.data() +
               (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
-          AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kbase, vbase, runs, n_runs,
-                      n, scores.data(), rec);
+          AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(), rec);
         }
       }
     }

@@ -34,13 +34,22 @@ struct Primitives {
   void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
   // out[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
-  // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d):
-  //   qk: scores[g * ss + j] = scale * dot(q + g * d, fp16 row k + j * ks)
-  //   pv: o[g * os + i] += sum_j p[g * ps + j] * fp16(v + j * vs)[i]
-  void (*qk)(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n,
-             float scale, float* scores, int64_t ss) = nullptr;
-  void (*pv)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs,
-             int64_t n, float* o, int64_t os) = nullptr;
+  // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d),
+  // with the chunk's K and V staged as fp32 rows [n, d]:
+  //   qk: scores[g * ss + j] = scale * dot(q + g * d, k + j * d)
+  //   pv: o[g * os + i] += sum_j p[g * ps + j] * (v + j * d)[i]
+  void (*qk)(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
+             float* scores, int64_t ss) = nullptr;
+  void (*pv)(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n, float* o,
+             int64_t os) = nullptr;
+  // The same over fp16 rows in place (row j at rows[j]): bit-identical to staging them with
+  // f16_to_f32 and calling qk / pv (used where nothing would share the staged rows).
+  void (*qk_f16)(const float* q, int64_t G, int64_t d, const uint16_t* const* rows, int64_t n,
+                 float scale, float* scores, int64_t ss) = nullptr;
+  void (*pv_f16)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
+                 int64_t n, float* o, int64_t os) = nullptr;
+  // dst[i] = float(fp16 src[i]) (exact).
+  void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   // dst[i] = fp16(src[i]), round to nearest even.
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
@@ -51,21 +60,31 @@ const Primitives& Avx512Primitives();
 // The table of the active ISA.
 const Primitives& Prims();
 
-// ISA-independent qk / pv built from f32_f16 and scale_axpy_f16 of `p`.
-void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const uint16_t* k,
-               int64_t ks, int64_t n, float scale, float* scores, int64_t ss);
-void GenericPv(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
-               const uint16_t* v, int64_t vs, int64_t n, float* o, int64_t os);
+// ISA-independent qk / pv built from f32_f32 of `p` and plain loops.
+void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const float* k, int64_t n,
+               float scale, float* scores, int64_t ss);
+void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
+               float* o, int64_t os);
+// fp16 rows: each row converted with the table's f16_to_f32, then as above (bit-identical).
+void GenericQkF16(const Primitives& p, const float* q, int64_t G, int64_t d,
+                  const uint16_t* const* rows, int64_t n, float scale, float* scores, int64_t ss);
+void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
+                  const uint16_t* const* rows, int64_t n, float* o, int64_t os);
 // The same, bound to one ISA's table, as entries for that table.
 template <const Primitives& (*Table)()>
-void GenericQkOf(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks, int64_t n,
-                 float scale, float* scores, int64_t ss) {
-  GenericQk(Table(), q, G, d, k, ks, n, scale, scores, ss);
+void GenericQkF16Of(const float* q, int64_t G, int64_t d, const uint16_t* const* rows, int64_t n,
+                    float scale, float* scores, int64_t ss) {
+  GenericQkF16(Table(), q, G, d, rows, n, scale, scores, ss);
 }
 template <const Primitives& (*Table)()>
-void GenericPvOf(const float* pr, int64_t ps, int64_t G, int64_t d, const uint16_t* v, int64_t vs,
-                 int64_t n, float* o, int64_t os) {
-  GenericPv(Table(), pr, ps, G, d, v, vs, n, o, os);
+void GenericPvF16Of(const float* pr, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
+                    int64_t n, float* o, int64_t os) {
+  GenericPvF16(Table(), pr, ps, G, d, rows, n, o, os);
+}
+template <const Primitives& (*Table)()>
+void GenericQkOf(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
+                 float* scores, int64_t ss) {
+  GenericQk(Table(), q, G, d, k, n, scale, scores, ss);
 }
 
 }  // namespace kvmesh::kernels::cpu

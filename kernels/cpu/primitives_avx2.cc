@@ -167,6 +167,15 @@ KVMESH_AVX2 void ToFp16(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+KVMESH_AVX2 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
+
 // One 32-element block: scale from the absolute maximum, values rounded half to even.
 KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -216,7 +225,10 @@ const Primitives& Avx2Primitives() {
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,
                             .qk = GenericQkOf<Avx2Primitives>,
-                            .pv = GenericPvOf<Avx2Primitives>,
+                            .pv = GenericPv,
+                            .qk_f16 = GenericQkF16Of<Avx2Primitives>,
+                            .pv_f16 = GenericPvF16Of<Avx2Primitives>,
+                            .f16_to_f32 = F16ToF32,
                             .to_fp16 = ToFp16};
   return t;
 }

@@ -186,49 +186,83 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
   }
 }
 
-// Attention for head_dim 64 (four 16-float registers per head) and up to 4 heads per KV head:
-// each K or V row is converted from fp16 once and used by every head of the group, and the
-// output rows stay in registers for the whole chunk. Other shapes take the generic path.
+// Sums of 16 vectors at once: out lane j = sum of v[j]'s lanes. Pairs are interleaved and added
+// (unpack), then quads (shuffle), then 128-bit lanes across vectors (shuffle_f32x4), so 16 sums
+// cost 15 adds and 30 shuffles instead of 16 full horizontal reductions.
+KVMESH_AVX512 inline __m512 Sum16(const __m512* v) {
+  __m512 s[8], t[4];
+  for (int i = 0; i < 8; ++i) {
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Attention for head_dim 64 over fp32-staged K/V rows (four 16-float registers per row); pv
+// keeps up to 4 heads' outputs in registers for the whole chunk. Other shapes take the generic
+// path.
 constexpr int64_t kMaxG = 4;
 
-KVMESH_AVX512 void Qk(const float* q, int64_t G, int64_t d, const uint16_t* k, int64_t ks,
-                      int64_t n, float scale, float* scores, int64_t ss) {
-  if (d != 64 || G > kMaxG)
-    return GenericQk(Avx512Primitives(), q, G, d, k, ks, n, scale, scores, ss);
-  __m512 qv[kMaxG][4];
-  for (int64_t g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c)
-      qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * 64 + 16 * c), _mm512_set1_ps(scale));
+// K/V rows as qk/pv read them: fp32 (staged) or fp16 (in the cache, converted in registers).
+// Both give the same floats, so the two entry points are bit-identical.
+struct F32Rows {
+  const float* p;
+  int64_t stride;
+  KVMESH_AVX512 __m512 Load(int64_t j, int c) const {
+    return _mm512_loadu_ps(p + j * stride + 16 * c);
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* kj = k + j * ks;
-    __m512 kv[4];
+};
+struct F16Rows {
+  const uint16_t* const* rows;
+  KVMESH_AVX512 __m512 Load(int64_t j, int c) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + 16 * c)));
+  }
+};
+
+template <typename Rows>
+KVMESH_AVX512 void QkRows(const float* q, int64_t G, Rows k, int64_t n, float scale, float* scores,
+                          int64_t ss) {
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 qv[4];
     for (int c = 0; c < 4; ++c) {
-      kv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + 16 * c)));
+      qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * 64 + 16 * c), _mm512_set1_ps(scale));
     }
-    for (int64_t g = 0; g < G; ++g) {
-      __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
-      acc = _mm512_fmadd_ps(qv[g][1], kv[1], acc);
-      acc = _mm512_fmadd_ps(qv[g][2], kv[2], acc);
-      acc = _mm512_fmadd_ps(qv[g][3], kv[3], acc);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) {
+        acc[i] = _mm512_mul_ps(qv[0], k.Load(j + i, 0));
+        for (int c = 1; c < 4; ++c) acc[i] = _mm512_fmadd_ps(qv[c], k.Load(j + i, c), acc[i]);
+      }
+      _mm512_storeu_ps(scores + g * ss + j, Sum16(acc));
+    }
+    for (; j < n; ++j) {
+      __m512 acc = _mm512_mul_ps(qv[0], k.Load(j, 0));
+      for (int c = 1; c < 4; ++c) acc = _mm512_fmadd_ps(qv[c], k.Load(j, c), acc);
       scores[g * ss + j] = _mm512_reduce_add_ps(acc);
     }
   }
 }
 
-KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* v,
-                      int64_t vs, int64_t n, float* o, int64_t os) {
-  if (d != 64 || G > kMaxG) return GenericPv(Avx512Primitives(), p, ps, G, d, v, vs, n, o, os);
+template <typename Rows>
+KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
+                          int64_t os) {
   __m512 acc[kMaxG][4];
   for (int64_t g = 0; g < G; ++g) {
     for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
   }
   for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* vj = v + j * vs;
     __m512 vv[4];
-    for (int c = 0; c < 4; ++c) {
-      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vj + 16 * c)));
-    }
+    for (int c = 0; c < 4; ++c) vv[c] = v.Load(j, c);
     for (int64_t g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(p[g * ps + j]);
       for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
@@ -237,6 +271,39 @@ KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const ui
   for (int64_t g = 0; g < G; ++g) {
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
   }
+}
+
+KVMESH_AVX512 void Qk(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
+                      float* scores, int64_t ss) {
+  if (d != 64) return GenericQk(Avx512Primitives(), q, G, d, k, n, scale, scores, ss);
+  QkRows(q, G, F32Rows{k, 64}, n, scale, scores, ss);
+}
+
+KVMESH_AVX512 void QkF16(const float* q, int64_t G, int64_t d, const uint16_t* const* rows,
+                         int64_t n, float scale, float* scores, int64_t ss) {
+  if (d != 64) return GenericQkF16(Avx512Primitives(), q, G, d, rows, n, scale, scores, ss);
+  QkRows(q, G, F16Rows{rows}, n, scale, scores, ss);
+}
+
+KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
+                      float* o, int64_t os) {
+  if (d != 64 || G > kMaxG) return GenericPv(p, ps, G, d, v, n, o, os);
+  PvRows(p, ps, G, F32Rows{v, 64}, n, o, os);
+}
+
+KVMESH_AVX512 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
+                         const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
+  if (d != 64 || G > kMaxG) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os);
+  PvRows(p, ps, G, F16Rows{rows}, n, o, os);
+}
+
+KVMESH_AVX512 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(
+        dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
 }
 
 }  // namespace
@@ -254,6 +321,9 @@ const Primitives& Avx512Primitives() {
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
     d.qk = Qk;
     d.pv = Pv;
+    d.qk_f16 = QkF16;
+    d.pv_f16 = PvF16;
+    d.f16_to_f32 = F16ToF32;
     return d;
   }();
   return t;

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
@@ -130,21 +131,48 @@ void ToFp16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
 }
 
+void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(src[i]);
+}
+
 }  // namespace
 
-void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const uint16_t* k,
-               int64_t ks, int64_t n, float scale, float* scores, int64_t ss) {
+void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const float* k, int64_t n,
+               float scale, float* scores, int64_t ss) {
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t j = 0; j < n; ++j)
-      scores[g * ss + j] = p.f32_f16(q + g * d, k + j * ks, d) * scale;
+    for (int64_t j = 0; j < n; ++j) scores[g * ss + j] = p.f32_f32(q + g * d, k + j * d, d) * scale;
   }
 }
 
-void GenericPv(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
-               const uint16_t* v, int64_t vs, int64_t n, float* o, int64_t os) {
+void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
+               float* o, int64_t os) {
   for (int64_t j = 0; j < n; ++j) {
-    for (int64_t g = 0; g < G; ++g)
-      p.scale_axpy_f16(o + g * os, 1.0f, pr[g * ps + j], v + j * vs, d);
+    for (int64_t g = 0; g < G; ++g) {
+      const float w = pr[g * ps + j];
+      for (int64_t i = 0; i < d; ++i) o[g * os + i] += w * v[j * d + i];
+    }
+  }
+}
+
+void GenericQkF16(const Primitives& p, const float* q, int64_t G, int64_t d,
+                  const uint16_t* const* rows, int64_t n, float scale, float* scores, int64_t ss) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(d));
+  for (int64_t j = 0; j < n; ++j) {
+    p.f16_to_f32(rows[j], row.data(), d);
+    for (int64_t g = 0; g < G; ++g) {
+      scores[g * ss + j] = p.f32_f32(q + g * d, row.data(), d) * scale;
+    }
+  }
+}
+
+void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
+                  const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(d));
+  for (int64_t j = 0; j < n; ++j) {
+    p.f16_to_f32(rows[j], row.data(), d);
+    GenericPv(pr + j, ps, G, d, row.data(), 1, o, os);
   }
 }
 
@@ -161,7 +189,10 @@ const Primitives& ScalarPrimitives() {
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,
                             .qk = GenericQkOf<ScalarPrimitives>,
-                            .pv = GenericPvOf<ScalarPrimitives>,
+                            .pv = GenericPv,
+                            .qk_f16 = GenericQkF16Of<ScalarPrimitives>,
+                            .pv_f16 = GenericPvF16Of<ScalarPrimitives>,
+                            .f16_to_f32 = F16ToF32,
                             .to_fp16 = ToFp16};
   return t;
 }
