@@ -17,6 +17,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "coordinator/flags.h"
 #include "coordinator/launch.h"
+#include "coordinator/serve.h"
 #include "kernels/isa.h"
 #include "model/shard.h"
 #include "serving/serving_engine.h"
@@ -42,15 +43,17 @@ constexpr char kUsage[] =
     "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
     "            [--max-batched-tokens 512]\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
+    "  serve     [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file F]\n"
+    "            [--max-body-bytes N] [--served-model-name NAME] + run's model and serving flags\n"
+    "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
+    "            /health /metrics (under mpirun for --tp/--pp)\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
     "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
     "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
     "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
     "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
 
-const std::set<std::string> kLaunchFlags = {"threads",  "ctx-size",          "tp",
-                                            "pp",       "kv-cache-mem",      "block-size",
-                                            "max-seqs", "max-batched-tokens"};
+const std::set<std::string>& kLaunchFlags = LaunchFlagNames();
 
 std::set<std::string> With(std::set<std::string> a, const std::set<std::string>& b) {
   a.insert(b.begin(), b.end());
@@ -414,6 +417,7 @@ int CliMain(int argc, char** argv) {
   if (cmd == "logits") return Logits(argc, argv);
   if (cmd == "model") return ModelCmd(argc, argv);
   if (cmd == "bench") return Bench(argc, argv);
+  if (cmd == "serve") return Serve(argc, argv);
   std::cerr << "kvmesh: error: unknown command '" << cmd << "' (run `kvmesh help` for usage)\n";
   return 2;
 }

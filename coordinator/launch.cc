@@ -61,6 +61,13 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 
 }  // namespace
 
+const std::set<std::string>& LaunchFlagNames() {
+  static const std::set<std::string> names = {"threads",  "ctx-size",           "tp",
+                                              "pp",       "kv-cache-mem",       "block-size",
+                                              "max-seqs", "max-batched-tokens", "max-waiting"};
+  return names;
+}
+
 absl::Status SetUp(const Flags& f, Launch& l) {
   auto threads = f.Int("threads", 0, 0, 1024);
   if (!threads.ok()) return threads.status();
@@ -78,6 +85,8 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_seqs.ok()) return max_seqs.status();
   auto max_batched = f.Int("max-batched-tokens", 512, 1, 1 << 20);
   if (!max_batched.ok()) return max_batched.status();
+  auto max_waiting = f.Int("max-waiting", 1024, 0, 1 << 20);
+  if (!max_waiting.ok()) return max_waiting.status();
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
   if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
@@ -119,6 +128,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
     serving::ServingOptions so;
     so.max_seqs = static_cast<int32_t>(*max_seqs);
     so.max_batched_tokens = static_cast<int32_t>(*max_batched);
+    so.max_waiting = static_cast<int32_t>(*max_waiting);
     so.prefix_caching = !f.Has("no-prefix-reuse");
     l.serving = std::make_unique<serving::ServingEngine>(*l.engine, so);
   }

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -14,6 +15,9 @@
 #include "worker/engine.h"
 
 namespace kvmesh::coordinator {
+
+// The flags SetUp reads (every command that launches an engine accepts them).
+const std::set<std::string>& LaunchFlagNames();
 
 // Prints "kvmesh: error: <message>" on stderr; returns the exit code (2 for bad input).
 int Fail(const absl::Status& s);

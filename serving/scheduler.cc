@@ -113,6 +113,12 @@ bool Scheduler::Cancel(RequestId id) {
   return true;
 }
 
+void Scheduler::CancelAll() {
+  std::vector<RequestId> ids;
+  for (const auto& [id, seq] : seqs_) ids.push_back(id);
+  for (RequestId id : ids) Cancel(id);
+}
+
 void Scheduler::Admit(Sequence& s) {
   s.blocks.clear();
   s.names.clear();

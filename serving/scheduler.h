@@ -113,6 +113,8 @@ class Scheduler {
   // Ends a waiting or running request (Completion status Cancelled). False if unknown/done.
   // From a callback inside Step, the request ends when that step's sampling is done.
   bool Cancel(RequestId id);
+  // Cancels every waiting and running request (shutdown).
+  void CancelAll();
   // Plans and runs one step. OK and nothing done when idle. If the runner fails, every sequence
   // of the step completes with that error and it is returned (Unavailable: a rank is gone).
   absl::Status Step();

@@ -1,0 +1,68 @@
+#include "coordinator/serve.h"
+
+#include <csignal>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "coordinator/flags.h"
+#include "coordinator/launch.h"
+#include "server/engine_loop.h"
+#include "server/http_server.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::coordinator {
+
+int Serve(int argc, char** argv) {
+  std::set<std::string> valued = LaunchFlagNames();
+  valued.insert(
+      {"model", "host", "port", "api-key", "api-key-file", "max-body-bytes", "served-model-name"});
+  auto f = Flags::Parse(argc, argv, 2, valued, {"print-plan", "no-prefix-reuse"});
+  if (!f.ok()) return Fail(f.status());
+  server::HttpOptions ho;
+  ho.host = f->String("host", "127.0.0.1");
+  auto port = f->Int("port", 8000, 0, 65535);
+  if (!port.ok()) return Fail(port.status());
+  ho.port = static_cast<uint16_t>(*port);
+  auto body = f->Int("max-body-bytes", 2 << 20, 1024, int64_t{1} << 30);
+  if (!body.ok()) return Fail(body.status());
+  ho.max_body_bytes = static_cast<size_t>(*body);
+  ho.model_name = f->String("served-model-name", ho.model_name);
+  if (f->Has("api-key") && f->Has("api-key-file")) {
+    return Fail(absl::InvalidArgumentError("give --api-key or --api-key-file, not both"));
+  }
+  ho.api_key = f->String("api-key", "");
+  if (f->Has("api-key-file")) {
+    std::ifstream in(f->String("api-key-file", ""));
+    if (!in) {
+      return Fail(absl::NotFoundError(
+          StrCat("cannot read --api-key-file '", f->String("api-key-file", ""), "'")));
+    }
+    std::getline(in, ho.api_key);
+    if (ho.api_key.empty()) return Fail(absl::InvalidArgumentError("--api-key-file is empty"));
+  }
+  Launch launch;
+  if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
+  if (launch.rank != 0) {
+    // mpirun forwards SIGTERM to every rank; workers stop when rank 0 has drained and tells them.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+  }
+  return RunLaunched(launch, [&]() -> int {
+    server::EngineLoop loop(*launch.serving);
+    auto http = server::HttpServer::Start(ho, loop, *launch.engine);
+    if (!http.ok()) return Fail(http.status());
+    (*http)->OnSignal([&loop] { loop.Stop(); });
+    std::cerr << "kvmesh: serving " << ho.model_name << " on http://" << ho.host << ":"
+              << (*http)->port() << " (world " << launch.world << ", tp " << launch.tp << ", pp "
+              << launch.pp << ", " << launch.engine->n_blocks() << " KV blocks of "
+              << launch.engine->block_size() << " tokens)" << std::endl;
+    const absl::Status s = loop.Run();
+    (*http)->Shutdown();
+    if (!s.ok()) return Fail(s);
+    std::cerr << "kvmesh: stopped" << std::endl;
+    return 0;
+  });
+}
+
+}  // namespace kvmesh::coordinator

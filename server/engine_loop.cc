@@ -1,0 +1,100 @@
+#include "server/engine_loop.h"
+
+#include <utility>
+
+namespace kvmesh::server {
+
+EngineLoop::EngineLoop(serving::ServingEngine& engine) : engine_(engine) { Publish(); }
+
+void EngineLoop::Submit(serving::Request req, serving::Callbacks cb, Submitted submitted) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back({false, 0, std::move(req), std::move(cb), std::move(submitted)});
+  }
+  cv_.notify_one();
+}
+
+void EngineLoop::Cancel(serving::RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Command c;
+    c.cancel = true;
+    c.id = id;
+    inbox_.push_back(std::move(c));
+  }
+  cv_.notify_one();
+}
+
+void EngineLoop::Stop(std::chrono::steady_clock::duration drain) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) deadline_ = std::chrono::steady_clock::now() + drain;
+    stop_ = true;
+  }
+  cv_.notify_one();
+}
+
+EngineSnapshot EngineLoop::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void EngineLoop::Publish() {
+  EngineSnapshot s;
+  s.stats = engine_.scheduler().stats();
+  s.ttft = engine_.scheduler().ttft_seconds();
+  s.itl = engine_.scheduler().itl_seconds();
+  s.e2e = e2e_;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.stopping = stop_;
+  snapshot_ = std::move(s);
+}
+
+absl::Status EngineLoop::Run() {
+  serving::Scheduler& sched = engine_.scheduler();
+  std::vector<serving::RequestId> live;
+  for (;;) {
+    std::deque<Command> commands;
+    bool stopping;
+    std::chrono::steady_clock::time_point deadline;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !inbox_.empty() || stop_ || !sched.idle(); });
+      commands.swap(inbox_);
+      stopping = stop_;
+      deadline = deadline_;
+    }
+    for (Command& c : commands) {
+      if (c.cancel) {
+        sched.Cancel(c.id);
+        continue;
+      }
+      if (stopping) {
+        c.submitted(absl::UnavailableError("server is shutting down"));
+        continue;
+      }
+      // Completions also feed the end-to-end latency histogram.
+      auto done = std::move(c.cb.on_done);
+      c.cb.on_done = [this, done = std::move(done)](const serving::Completion& comp) {
+        if (comp.status.ok()) e2e_.Observe(comp.total_ms / 1e3);
+        if (done) done(comp);
+      };
+      c.submitted(sched.Submit(std::move(c.req), std::move(c.cb)));
+    }
+    if (stopping && std::chrono::steady_clock::now() >= deadline) {
+      // Out of time: whatever is left ends now (each request's on_done reports Cancelled).
+      sched.CancelAll();
+    }
+    if (!sched.idle()) {
+      if (auto s = sched.Step(); !s.ok()) {
+        sched.CancelAll();
+        Publish();
+        return s;
+      }
+    }
+    Publish();
+    if (stopping && sched.idle()) return absl::OkStatus();
+  }
+}
+
+}  // namespace kvmesh::server

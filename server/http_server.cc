@@ -1,0 +1,413 @@
+#include "server/http_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "server/metrics_text.h"
+#include "server/openai_api.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::string Msg(const absl::Status& s) {
+  return std::string(s.message().data(), s.message().size());
+}
+
+// Bytes of `pending` that end on a UTF-8 character boundary (the rest waits for more tokens).
+size_t CompleteUtf8(const std::string& s) {
+  size_t keep = 0;
+  for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
+    const auto b = static_cast<unsigned char>(s[i - 1]);
+    if ((b & 0xC0) != 0x80) {
+      const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+      return keep + 1 >= need ? s.size() : i - 1;
+    }
+  }
+  return s.size();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpOptions opts;
+  EngineLoop& loop;
+  const worker::Engine& engine;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  asio::signal_set signals{io, SIGTERM, SIGINT};
+  std::function<void()> on_signal;
+  std::thread thread;
+  std::atomic<uint64_t> next_id{1};
+  std::mutex sessions_mu;
+  std::set<std::shared_ptr<struct Session>> sessions;  // guarded by sessions_mu (io thread)
+  bool shutting_down = false;                          // io thread
+
+  Impl(const HttpOptions& o, EngineLoop& l, const worker::Engine& e)
+      : opts(o), loop(l), engine(e) {}
+  void Accept();
+};
+
+struct Session : std::enable_shared_from_this<Session> {
+  HttpServer::Impl& srv;
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  std::optional<http::request_parser<http::string_body>> parser;
+  bool reading = false;
+  // A generation in flight (owned by this connection).
+  std::optional<serving::RequestId> request;
+  bool cancelled = false;
+  // Raw writes (server-sent events): queued, one in flight.
+  std::deque<std::string> out;
+  bool writing = false, close_after_writes = false;
+
+  Session(HttpServer::Impl& s, tcp::socket sock) : srv(s), stream(std::move(sock)) {}
+
+  void Read() {
+    parser.emplace();
+    parser->body_limit(srv.opts.max_body_bytes);
+    parser->header_limit(static_cast<std::uint32_t>(srv.opts.max_header_bytes));
+    stream.expires_after(std::chrono::seconds(60));
+    reading = true;
+    http::async_read(
+        stream, buffer, *parser,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    reading = false;
+    if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
+      return Close();
+    }
+    if (ec == http::error::body_limit) {
+      return Reply(
+          http::status::payload_too_large,
+          ErrorJson(413, StrCat("request body exceeds ", srv.opts.max_body_bytes, " bytes")),
+          false);
+    }
+    if (ec == http::error::header_limit) {
+      return Reply(http::status::request_header_fields_too_large,
+                   ErrorJson(431, "request headers too large"), false);
+    }
+    if (ec)
+      return Reply(http::status::bad_request, ErrorJson(400, "malformed HTTP request"), false);
+    stream.expires_never();
+    Handle(parser->release());
+  }
+
+  void Reply(http::status status, std::string body, bool keep_alive,
+             const char* type = "application/json") {
+    auto res = std::make_shared<http::response<http::string_body>>(status, 11);
+    res->set(http::field::server, "kvmesh");
+    res->set(http::field::content_type, type);
+    res->keep_alive(keep_alive && !srv.shutting_down);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    http::async_write(stream, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      if (ec || !res->keep_alive()) return self->Close();
+      self->Read();
+    });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream.socket().close(ignored);
+    if (request && !cancelled) {
+      cancelled = true;
+      srv.loop.Cancel(*request);
+    }
+    std::lock_guard<std::mutex> lock(srv.sessions_mu);
+    srv.sessions.erase(shared_from_this());
+  }
+
+  // Raw bytes for a streamed response; the connection closes after the last one when asked.
+  void Send(std::string data) {
+    out.push_back(std::move(data));
+    if (!writing) WriteNext();
+  }
+  void WriteNext() {
+    if (out.empty()) {
+      writing = false;
+      if (close_after_writes) Close();
+      return;
+    }
+    writing = true;
+    asio::async_write(stream, asio::buffer(out.front()),
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec) {  // the client went away: stop generating for it
+                          self->out.clear();
+                          self->writing = false;
+                          return self->Close();
+                        }
+                        self->out.pop_front();
+                        self->WriteNext();
+                      });
+  }
+
+  void Handle(http::request<http::string_body> req) {
+    std::string target(req.target());
+    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+    const bool keep = req.keep_alive();
+    if (target == "/health") {
+      if (req.method() != http::verb::get) {
+        return Reply(http::status::method_not_allowed, ErrorJson(405, "use GET"), keep);
+      }
+      return Reply(http::status::ok,
+                   srv.loop.Snapshot().stopping ? R"({"status":"stopping"})" : R"({"status":"ok"})",
+                   keep);
+    }
+    if (!srv.opts.api_key.empty()) {
+      const auto auth = req[http::field::authorization];
+      if (!ConstantTimeEquals(std::string_view(auth.data(), auth.size()),
+                              "Bearer " + srv.opts.api_key)) {
+        return Reply(http::status::unauthorized, ErrorJson(401, "missing or wrong API key"), keep);
+      }
+    }
+    if (target == "/metrics" || target == "/v1/models") {
+      if (req.method() != http::verb::get) {
+        return Reply(http::status::method_not_allowed, ErrorJson(405, "use GET"), keep);
+      }
+      if (target == "/metrics") {
+        return Reply(http::status::ok, PrometheusText(srv.loop.Snapshot(), srv.opts.model_name),
+                     keep, "text/plain; version=0.0.4; charset=utf-8");
+      }
+      return Reply(http::status::ok,
+                   StrCat(R"({"object":"list","data":[{"id":")", srv.opts.model_name,
+                          R"(","object":"model","created":0,"owned_by":"kvmesh","max_model_len":)",
+                          srv.engine.ctx_size(), "}]}"),
+                   keep);
+    }
+    if (target == "/v1/completions" || target == "/v1/chat/completions") {
+      if (req.method() != http::verb::post) {
+        return Reply(http::status::method_not_allowed, ErrorJson(405, "use POST"), keep);
+      }
+      return Generate(req.body(), target == "/v1/chat/completions", keep);
+    }
+    return Reply(http::status::not_found, ErrorJson(404, StrCat("no route ", target)), keep);
+  }
+
+  void Generate(const std::string& body, bool chat, bool keep) {
+    auto parsed = ParseApiRequest(body, chat, {srv.engine.ctx_size(), 256});
+    if (!parsed.ok()) {
+      return Reply(http::status::bad_request, ErrorJson(400, Msg(parsed.status())), false);
+    }
+    auto api = std::make_shared<ApiRequest>(std::move(*parsed));
+    if (api->model.empty()) api->model = srv.opts.model_name;
+    serving::Request r;
+    const auto& tok = srv.engine.tokenizer();
+    if (chat) {
+      const model::ChatTemplate* tmpl = srv.engine.chat_template();
+      if (tmpl == nullptr) {
+        return Reply(http::status::bad_request, ErrorJson(400, "the model has no chat template"),
+                     keep);
+      }
+      r.prompt = tok.Encode(tmpl->Render(api->messages, true), /*parse_special=*/true);
+    } else {
+      r.prompt = tok.Encode(api->prompt, /*parse_special=*/true);
+    }
+    const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(r.prompt.size());
+    if (room <= 0 || api->max_tokens > room) {
+      return Reply(http::status::bad_request,
+                   ErrorJson(400, StrCat("prompt (", r.prompt.size(), " tokens) + max_tokens (",
+                                         api->max_tokens, ") exceeds the context of ",
+                                         srv.engine.ctx_size(), " tokens")),
+                   false);
+    }
+    r.max_tokens = api->max_tokens;
+    r.sampling = api->sampling;
+    r.ignore_eos = api->ignore_eos;
+    r.session_id = api->session_id;
+    const std::string id = StrCat(chat ? "chatcmpl-" : "cmpl-", srv.next_id++);
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+
+    // State shared by the callbacks, touched only on this connection's (io) thread.
+    struct Gen {
+      std::string text, pending;
+      bool first = true;
+    };
+    auto gen = std::make_shared<Gen>();
+    auto self = shared_from_this();
+    auto& io = srv.io;
+    serving::Callbacks cb;
+    cb.on_token = [self, gen, api, id, created, &io, &tok](serving::RequestId, int32_t t) {
+      std::string bytes = tok.TokenBytes(t);
+      asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
+        gen->pending += bytes;
+        const size_t n = CompleteUtf8(gen->pending);
+        if (n == 0) return;
+        const std::string piece = gen->pending.substr(0, n);
+        gen->pending.erase(0, n);
+        gen->text += piece;
+        if (api->stream && !self->cancelled) {
+          self->Send(StreamChunk(*api, id, created, piece, "", gen->first));
+          gen->first = false;
+        }
+      });
+    };
+    cb.on_done = [self, gen, api, id, created, keep, &io](const serving::Completion& c) {
+      asio::post(io, [self, gen, api, id, created, keep, c] {
+        self->request.reset();
+        gen->text += gen->pending;
+        const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
+        const ApiUsage usage{c.prompt_tokens, static_cast<int64_t>(c.tokens.size()),
+                             c.cached_tokens};
+        if (api->stream) {
+          if (self->cancelled) return;
+          if (!c.status.ok()) {
+            self->Send("data: " + ErrorJson(500, Msg(c.status)) + "\n\n");
+          } else {
+            self->Send(StreamChunk(*api, id, created, gen->pending, finish, gen->first));
+            if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
+          }
+          self->Send("data: [DONE]\n\n");
+          self->close_after_writes = true;
+          if (!self->writing) self->Close();
+          return;
+        }
+        if (!c.status.ok()) {
+          return self->Reply(http::status::internal_server_error, ErrorJson(500, Msg(c.status)),
+                             false);
+        }
+        self->Reply(http::status::ok, CompletionJson(*api, id, created, gen->text, finish, usage),
+                    keep);
+      });
+    };
+    srv.loop.Submit(std::move(r), std::move(cb),
+                    [self, api, &io](absl::StatusOr<serving::RequestId> got) {
+                      asio::post(io, [self, api, got] {
+                        if (!got.ok()) {
+                          const int code = absl::IsResourceExhausted(got.status()) ? 429
+                                           : absl::IsUnavailable(got.status())     ? 503
+                                                                                   : 400;
+                          return self->Reply(static_cast<http::status>(code),
+                                             ErrorJson(code, Msg(got.status())), false);
+                        }
+                        self->request = *got;
+                        if (self->cancelled) {
+                          self->srv.loop.Cancel(*got);
+                          return;
+                        }
+                        if (api->stream) {
+                          self->Send(
+                              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                              "Cache-Control: no-cache\r\nServer: kvmesh\r\n"
+                              "Connection: close\r\n\r\n");
+                        }
+                      });
+                    });
+  }
+};
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || shutting_down) return;
+      return Accept();
+    }
+    auto s = std::make_shared<Session>(*this, std::move(sock));
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu);
+      sessions.insert(s);
+    }
+    s->Read();
+    Accept();
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& opts,
+                                                              EngineLoop& loop,
+                                                              const worker::Engine& engine) {
+  auto impl = std::make_unique<Impl>(opts, loop, engine);
+  beast::error_code ec;
+  const auto addr = asio::ip::make_address(opts.host, ec);
+  if (ec)
+    return absl::InvalidArgumentError(StrCat("--host '", opts.host, "' is not an IP address"));
+  const tcp::endpoint ep(addr, opts.port);
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        StrCat("cannot listen on ", opts.host, ":", opts.port, ": ", ec.message()));
+  }
+  Impl* p = impl.get();
+  p->signals.async_wait([p](beast::error_code e, int) {
+    if (!e && p->on_signal) p->on_signal();
+  });
+  p->Accept();
+  p->thread = std::thread([p] { p->io.run(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+uint16_t HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void HttpServer::OnSignal(std::function<void()> fn) {
+  asio::post(impl_->io, [p = impl_.get(), fn = std::move(fn)] { p->on_signal = fn; });
+}
+
+void HttpServer::Shutdown() {
+  Impl* p = impl_.get();
+  if (!p->thread.joinable()) return;
+  asio::post(p->io, [p] {
+    p->shutting_down = true;
+    beast::error_code ignored;
+    p->acceptor.close(ignored);
+    p->signals.cancel(ignored);
+    std::vector<std::shared_ptr<Session>> idle;
+    {
+      std::lock_guard<std::mutex> lock(p->sessions_mu);
+      for (const auto& s : p->sessions) {
+        if (s->reading) idle.push_back(s);
+      }
+    }
+    for (auto& s : idle) s->Close();
+  });
+  // In-flight responses finish on their own (their sessions then close); wait for them, but not
+  // forever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(p->sessions_mu);
+      if (p->sessions.empty()) break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  p->io.stop();
+  p->thread.join();
+}
+
+HttpServer::~HttpServer() {
+  if (impl_ && impl_->thread.joinable()) Shutdown();
+}
+
+}  // namespace kvmesh::server

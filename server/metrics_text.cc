@@ -1,0 +1,77 @@
+#include "server/metrics_text.h"
+
+#include <cstdio>
+
+#include "util/str_cat.h"
+
+namespace kvmesh::server {
+
+namespace {
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+class Writer {
+ public:
+  explicit Writer(const std::string& model) : labels_(StrCat("model_name=\"", model, "\"")) {}
+  void Metric(const char* name, const char* type, const char* help, double value) {
+    out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, "{",
+                   labels_, "} ", Num(value), "\n");
+  }
+  void Histogram(const char* name, const char* help, const serving::Histogram& h) {
+    out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+    int64_t cumulative = 0;
+    const auto& bounds = h.upper_bounds();
+    for (size_t i = 0; i <= bounds.size(); ++i) {
+      cumulative += h.bucket_counts()[i];
+      const std::string le = i < bounds.size() ? Num(bounds[i]) : "+Inf";
+      out_ += StrCat(name, "_bucket{", labels_, ",le=\"", le, "\"} ", cumulative, "\n");
+    }
+    out_ += StrCat(name, "_sum{", labels_, "} ", Num(h.sum()), "\n", name, "_count{", labels_, "} ",
+                   h.count(), "\n");
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string labels_, out_;
+};
+
+}  // namespace
+
+std::string PrometheusText(const EngineSnapshot& s, const std::string& model_name) {
+  Writer w(model_name);
+  const serving::SchedulerStats& st = s.stats;
+  w.Metric("kvmesh:num_requests_running", "gauge", "Requests in the running batch.", st.running);
+  w.Metric("kvmesh:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st.waiting);
+  w.Metric("kvmesh:kv_cache_usage_perc", "gauge",
+           "Fraction of KV blocks referenced by requests and sessions (1 = full).",
+           st.blocks_total > 0 ? static_cast<double>(st.blocks_used) / st.blocks_total : 0.0);
+  w.Metric("kvmesh:kv_cache_blocks_total", "gauge", "KV blocks in the pool (per rank).",
+           st.blocks_total);
+  w.Metric("kvmesh:kv_cache_blocks_cached", "gauge",
+           "Unreferenced KV blocks kept for prefix reuse.", st.blocks_cached);
+  w.Metric("kvmesh:prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache.", st.prefix_query_tokens);
+  w.Metric("kvmesh:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+           st.prefix_hit_tokens);
+  w.Metric("kvmesh:num_preemptions_total", "counter", "Sequences preempted (recomputed later).",
+           st.preemptions);
+  w.Metric("kvmesh:kv_cache_evictions_total", "counter", "Cached KV blocks evicted.", st.evictions);
+  w.Metric("kvmesh:prompt_tokens_total", "counter", "Prompt tokens computed.",
+           st.prompt_tokens_computed);
+  w.Metric("kvmesh:generation_tokens_total", "counter", "Tokens generated.", st.generated_tokens);
+  w.Metric("kvmesh:request_success_total", "counter", "Requests finished.", st.finished);
+  w.Metric("kvmesh:request_rejected_total", "counter", "Requests rejected at submission.",
+           st.rejected);
+  w.Metric("kvmesh:request_cancelled_total", "counter", "Requests cancelled.", st.cancelled);
+  w.Histogram("kvmesh:time_to_first_token_seconds", "Time from submission to the first token.",
+              s.ttft);
+  w.Histogram("kvmesh:inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);
+  w.Histogram("kvmesh:e2e_request_latency_seconds", "Time from submission to completion.", s.e2e);
+  return w.Take();
+}
+
+}  // namespace kvmesh::server

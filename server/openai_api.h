@@ -1,0 +1,59 @@
+// The OpenAI-compatible request and response bodies (JSON), as pure functions so they can be
+// tested and fuzzed without a socket: /v1/completions and /v1/chat/completions requests in,
+// completion objects, server-sent-event chunks and error objects out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/chat_template.h"
+#include "model/sampler.h"
+
+namespace kvmesh::server {
+
+struct ApiLimits {
+  int64_t max_context =
+      8192;  // the engine's context: max_tokens <= context - prompt (checked later)
+  int32_t default_max_tokens = 256;
+};
+
+// A parsed /v1/completions or /v1/chat/completions body.
+struct ApiRequest {
+  bool chat = false;
+  std::string model;
+  std::string prompt;                        // completions
+  std::vector<model::ChatMessage> messages;  // chat
+  int32_t max_tokens = 256;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension, as vLLM
+  std::string session_id;      // extension: continue a server-side session
+  model::SamplingParams sampling;
+};
+
+// InvalidArgument naming the field for anything malformed or unsupported (n != 1, logprobs,
+// a non-string prompt, unknown roles, out-of-range numbers).
+absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
+                                           const ApiLimits& limits);
+
+struct ApiUsage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// The whole response of a non-streamed request.
+std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
+                           const std::string& text, const std::string& finish_reason,
+                           const ApiUsage& usage);
+// One server-sent event ("data: {...}\n\n") carrying `delta` (and finish_reason when non-empty).
+std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
+                        const std::string& delta, const std::string& finish_reason, bool first);
+// The final usage chunk of a stream with include_usage.
+std::string StreamUsageChunk(const ApiRequest& req, const std::string& id, int64_t created,
+                             const ApiUsage& usage);
+// {"error": {"message": ..., "type": ..., "code": ...}}
+std::string ErrorJson(int http_status, std::string_view message);
+
+}  // namespace kvmesh::server

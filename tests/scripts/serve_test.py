@@ -1,0 +1,143 @@
+"""End-to-end checks of `kvmesh serve` over a real loopback socket (run by serve_test.sh).
+
+usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload)
+"""
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+base, mode = sys.argv[1], sys.argv[2]
+
+
+def call(method, path, body=None, headers=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL: {what}")
+
+
+def metric(name):
+    code, text, _ = call("GET", "/metrics", headers=HDR)
+    check(code == 200, f"/metrics {code}")
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    sys.exit(f"FAIL: metric {name} missing")
+
+
+HDR = {}
+chat = lambda msgs, **kw: {"messages": msgs, "temperature": 0, "max_tokens": 24, **kw}
+
+if mode == "main":
+    code, body, _ = call("GET", "/health")
+    check(code == 200 and json.loads(body)["status"] == "ok", "health")
+    code, body, _ = call("GET", "/v1/models")
+    check(code == 200 and json.loads(body)["data"][0]["id"], "models")
+    # Non-streamed chat: the greedy answer.
+    code, body, _ = call("POST", "/v1/chat/completions",
+                         chat([{"role": "user", "content": "What is the capital of France?"}]))
+    check(code == 200, f"chat {code} {body}")
+    r = json.loads(body)
+    check("Paris" in r["choices"][0]["message"]["content"], f"answer: {body}")
+    check(r["usage"]["prompt_tokens"] > 0 and r["choices"][0]["finish_reason"] == "stop", body)
+    # Streamed: the concatenated deltas equal the non-streamed text.
+    code, body, hdrs = call("POST", "/v1/chat/completions",
+                            chat([{"role": "user", "content": "What is the capital of France?"}],
+                                 stream=True, stream_options={"include_usage": True}))
+    check(code == 200 and hdrs.get("Content-Type", "").startswith("text/event-stream"), "SSE header")
+    events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
+    check(events[-1] == "[DONE]", "stream ends with [DONE]")
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    check(text == r["choices"][0]["message"]["content"], f"stream text {text!r}")
+    check(chunks[-1]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"], "usage")
+    # Completions.
+    code, body, _ = call("POST", "/v1/completions",
+                         {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 4})
+    check(code == 200 and json.loads(body)["choices"][0]["text"].strip().startswith("Paris"), body)
+    # A multi-turn session over a document: the prefix-cache hit counter rises every turn.
+    doc = " ".join(f"Item {i} is kept on shelf {i % 4}." for i in range(1, 40))
+    msgs = [{"role": "user", "content": doc + " Where is item 9?"}]
+    hits = [metric("kvmesh:prefix_cache_hits_total")]
+    cached = []
+    for q in ["And item 14?", "And item 33?"]:
+        code, body, _ = call("POST", "/v1/chat/completions", chat(msgs, session_id="s1"))
+        check(code == 200, f"session turn {code}")
+        r = json.loads(body)
+        cached.append(r["usage"]["prompt_tokens_details"]["cached_tokens"])
+        hits.append(metric("kvmesh:prefix_cache_hits_total"))
+        msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": q}]
+    code, body, _ = call("POST", "/v1/chat/completions", chat(msgs, session_id="s1"))
+    r = json.loads(body)
+    cached.append(r["usage"]["prompt_tokens_details"]["cached_tokens"])
+    hits.append(metric("kvmesh:prefix_cache_hits_total"))
+    check(cached[1] > 300 and cached[2] > cached[1], f"cached tokens per turn {cached}")
+    check(hits[2] > hits[1] and hits[3] > hits[2], f"hit counter {hits}")
+    check(metric("kvmesh:time_to_first_token_seconds_count") >= 6, "TTFT histogram")
+    # Malformed input: 4xx, and the server keeps serving.
+    for path, raw, want in [("/v1/chat/completions", b"{bad", 400),
+                            ("/v1/chat/completions", b'{"messages": []}', 400),
+                            ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400),
+                            ("/v1/completions", b'{"prompt": 1}', 400),
+                            ("/v1/completions", b'{"prompt": "x", "n": 2}', 400),
+                            ("/v1/completions", b'{"prompt": "x", "max_tokens": 9000}', 400),
+                            ("/v1/completions", b'{"prompt": "x", "temperature": -1}', 400),
+                            ("/v1/nothing", b"{}", 404)]:
+        code, body, _ = call("POST", path, raw=raw)
+        check(code == want and "error" in json.loads(body), f"{path} {raw!r}: {code} {body}")
+    code, _, _ = call("GET", "/v1/chat/completions")
+    check(code == 405, f"GET on a POST route: {code}")
+    code, _, _ = call("GET", "/health")
+    check(code == 200, "still serving after bad requests")
+    print(f"serve main: chat, stream, completions, session cached {cached}, hits {hits}, errors ok")
+
+elif mode == "auth":
+    key = sys.argv[3]
+    check(call("GET", "/health")[0] == 200, "health needs no key")
+    for path, body in [("/v1/models", None), ("/metrics", None),
+                       ("/v1/chat/completions", chat([{"role": "user", "content": "hi"}]))]:
+        method = "POST" if body else "GET"
+        check(call(method, path, body)[0] == 401, f"{path} without a key")
+        check(call(method, path, body, {"Authorization": "Bearer wrong"})[0] == 401, f"{path} wrong key")
+        check(call(method, path, body, {"Authorization": "Bearer " + key})[0] == 200, f"{path} right key")
+    print("serve auth: every route but /health needs the key")
+
+elif mode == "limits":
+    code, body, _ = call("POST", "/v1/completions", raw=b'{"prompt": "' + b"x" * 5000 + b'"}')
+    check(code == 413, f"oversized body: {code}")
+    check(call("GET", "/health")[0] == 200, "still serving after an oversized body")
+    print("serve limits: oversized body -> 413")
+
+elif mode == "overload":
+    # One running sequence, one waiting: of 8 concurrent long requests some get 429 at once, the
+    # admitted ones complete.
+    results = []
+
+    def one():
+        results.append(call("POST", "/v1/completions",
+                            {"prompt": "Count:", "max_tokens": 64, "ignore_eos": True,
+                             "temperature": 0}))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(c for c, _, _ in results)
+    check(codes.count(429) >= 1 and codes.count(200) >= 2 and set(codes) <= {200, 429},
+          f"overload codes {codes}")
+    for c, body, _ in results:
+        if c == 200:
+            check(json.loads(body)["usage"]["completion_tokens"] == 64, "admitted requests complete")
+    print(f"serve overload: codes {codes}")
