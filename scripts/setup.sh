@@ -32,6 +32,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The official OpenAI Python client, for the HTTP API's end-to-end test (PyPI; the test reports
+# that part skipped if it cannot be installed).
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet --break-system-packages "openai==3.57.0" >&2 ||
+    echo "setup: could not install the openai client; its test will be skipped" >&2
+fi
+
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVMESH_BUILD_TESTS=ON >&2
