@@ -1,41 +1,39 @@
 #!/usr/bin/env bash
-# The kvmesh main job, end to end on this machine: install and build, fetch the model, ask the
-# real model a question, then hold a three-turn conversation over a ~1,300-token document,
-# printing each answer with its time to first token and how many prompt tokens came from the
-# KV cache of the earlier turns; then three independent requests over the same document,
-# batched together, which compute the document once and share its KV blocks.
+# The kvmesh main job, end to end on this machine: install and build, fetch the model, start a
+# two-rank tensor-parallel cluster (`launch/local.sh`: mpirun -np 2 kvmesh serve --tp 2), hold
+# a three-turn conversation over a ~1,300-token document and send two independent requests on
+# the same document through the OpenAI-compatible HTTP API, printing each answer, its time to
+# first token and the prompt tokens served from the KV cache, and the prefix-cache counters from
+# /metrics; then shut the cluster down (SIGTERM to the coordinator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 model="$(scripts/model_pull.sh)"
-question="${1:-What is the capital of France?}"
-echo "== kvmesh run --chat --temperature 0 --prompt \"$question\"" >&2
-build/bin/kvmesh run --model "$model" --chat --temperature 0 --max-tokens 128 --prompt "$question"
+log="$(mktemp)"
+trap 'rm -f "$log"; [[ -n "${cluster:-}" ]] && kill -9 "$cluster" 2>/dev/null || true' EXIT
 
-session="$(mktemp)"
-trap 'rm -f "$session" "$session.requests"' EXIT
-python3 - "$session" <<'PY'
-import json, sys
-doc = " ".join(f"Section {i}: the cluster stores block {i} of the shared context on tier {i % 3}."
-               for i in range(1, 60))
-json.dump([f"Here is a document:\n{doc}\n\nWhich tier stores block 7?", "And block 12?",
-           "Which tier stores block 30?"], open(sys.argv[1], "w"))
-json.dump([f"Here is a document:\n{doc}\n\nWhich tier stores block {b}?" for b in (4, 21, 45)],
-          open(sys.argv[1] + ".requests", "w"))
-PY
-echo "== kvmesh run --session (3 turns over one document, prefix reuse on)" >&2
-build/bin/kvmesh run --model "$model" --session "$session" --temperature 0 --max-tokens 48
+echo "== launch/local.sh: mpirun -np 2 kvmesh serve --tp 2 (rank 0 coordinates, both ranks compute)" >&2
+TP=2 launch/local.sh --model "$model" --port 0 >"$log" 2>&1 &
+cluster=$!
+port=""
+for _ in $(seq 1 600); do
+  port="$(grep -o 'http://127.0.0.1:[0-9]*' "$log" | head -n1 | sed 's/.*://')" || true
+  [[ -n "$port" ]] && break
+  kill -0 "$cluster" 2>/dev/null || { cat "$log" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -n "$port" ]] || { echo "the cluster did not start" >&2; cat "$log" >&2; exit 1; }
+cat "$log" >&2
 
-echo "== kvmesh run --prompts (3 independent requests on the same document, batched)" >&2
-show=$(cat <<'PY'
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print(f"[request {r['request']}] {r['prompt_tokens']} prompt tokens, "
-          f"{r['cached_tokens']} cached, TTFT {r['ttft_ms']:.0f} ms")
-    print(r["text"])
-PY
-)
-build/bin/kvmesh run --model "$model" --chat --prompts "$session.requests" --temperature 0 \
-  --max-tokens 32 | python3 -c "$show"
+python3 scripts/demo_client.py "http://127.0.0.1:$port"
+
+# Shut down: SIGTERM to rank 0, which drains, stops the workers and exits; mpirun follows.
+for pid in $(pgrep -f "kvmesh serve --tp 2" || true); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then
+    kill -TERM "$pid"
+  fi
+done
+wait "$cluster"
+cluster=""
+grep -h "kvmesh: stopped" "$log" >&2 || true
