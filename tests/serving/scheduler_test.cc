@@ -347,7 +347,8 @@ TEST(Scheduler, RandomizedSoakKeepsOutputsAndLeaksNothing) {
       auto p = docs[rng() % docs.size()];
       for (int32_t t : Tokens(1 + rng() % 10, round * 10 + k)) p.push_back(t);
       const int n = 1 + rng() % 12;
-      const std::string session = rng() % 3 == 0 ? "s" + std::to_string(rng() % 5) : "";
+      const std::string session =
+          rng() % 3 == 0 ? std::string("s").append(std::to_string(rng() % 5)) : "";
       const RequestId id = h.Submit(p, n, session);
       prompts[id] = p;
       max_tokens[id] = n;
