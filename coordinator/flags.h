@@ -21,6 +21,11 @@ class Flags {
                                      const std::set<std::string>& valued,
                                      const std::set<std::string>& boolean);
 
+  // Adds `values` (from a config file) for flags not given on the command line.
+  void AddDefaults(const std::map<std::string, std::string>& values) {
+    for (const auto& [k, v] : values) values_.emplace(k, v);
+  }
+
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string String(const std::string& name, const std::string& dflt) const;
   // InvalidArgument naming the flag if the value is not a number in [lo, hi].

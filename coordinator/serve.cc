@@ -7,6 +7,7 @@
 
 #include "coordinator/flags.h"
 #include "coordinator/launch.h"
+#include "coordinator/serve_config.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 #include "util/str_cat.h"
@@ -15,10 +16,15 @@ namespace kvmesh::coordinator {
 
 int Serve(int argc, char** argv) {
   std::set<std::string> valued = LaunchFlagNames();
-  valued.insert(
-      {"model", "host", "port", "api-key", "api-key-file", "max-body-bytes", "served-model-name"});
+  valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
+                 "served-model-name", "config"});
   auto f = Flags::Parse(argc, argv, 2, valued, {"print-plan", "no-prefix-reuse"});
   if (!f.ok()) return Fail(f.status());
+  if (f->Has("config")) {
+    auto cfg = LoadServeConfig(f->String("config", ""));
+    if (!cfg.ok()) return Fail(cfg.status());
+    f->AddDefaults(*cfg);
+  }
   server::HttpOptions ho;
   ho.host = f->String("host", "127.0.0.1");
   auto port = f->Int("port", 8000, 0, 65535);

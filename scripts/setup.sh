@@ -14,6 +14,7 @@ PACKAGES=(
   libabsl-dev libicu-dev nlohmann-json3-dev      # status types, Unicode classes, JSON
   libgtest-dev libgmock-dev libbenchmark-dev     # tests and micro-benchmarks
   libxxhash-dev                                  # KV block names (XXH3-128)
+  libyaml-cpp-dev                                # kvmesh serve --config
   libopenmpi-dev openmpi-bin libucx-dev          # multi-rank runs, KV migration
   slurm-wlm munge                                # the single-node Slurm test
   libboost-dev libboost-system-dev               # Asio / Beast servers

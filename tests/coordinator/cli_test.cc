@@ -81,6 +81,19 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "cannot open prompts file '/nonexistent/p.txt'");
   ExpectOneLineError({"run", "--prompts", WriteTemp("p.txt", "hi\n"), "--test-preempt", "2"},
                      "--test-preempt");
+  // serve --config: the YAML file is checked before anything starts.
+  ExpectOneLineError({"serve", "--config", "/nonexistent/c.yaml"},
+                     "cannot open --config file '/nonexistent/c.yaml'");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c1.yaml", "max_num_seqs: 4\ncolour: blue\n")},
+                     "unknown setting 'colour'");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c2.yaml", "max_num_seqs: many\n")},
+                     "'max_num_seqs' must be an integer");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c3.yaml", "data_parallel_size: 2\n")},
+                     "data_parallel_size 2 is not supported yet");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c4.yaml", "port: [1, 2\n")}, "line ");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
+                     "must be true or false");
+  ExpectOneLineError({"serve", "--port", "70000"}, "--port");
 }
 
 TEST(Cli, BadModelFiles) {

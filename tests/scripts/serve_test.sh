@@ -76,7 +76,10 @@ python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
 
-start "$bin" serve --threads 1 --max-seqs 1 --max-waiting 1
+# The overload settings from a YAML --config (vLLM's names); the command line's --port 0 wins
+# over the file's port.
+printf 'max_num_seqs: 1\nmax_waiting: 1\nenable_prefix_caching: false\nport: 1\nthreads: 1\n' >"$work/config.yaml"
+start "$bin" serve --config "$work/config.yaml"
 python3 "$here/serve_test.py" "$url" overload || fail "overload"
 stop
 
