@@ -276,7 +276,7 @@ struct Session : std::enable_shared_from_this<Session> {
         gen->text += gen->pending;
         const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
         const ApiUsage usage{c.prompt_tokens, static_cast<int64_t>(c.tokens.size()),
-                             c.cached_tokens};
+                             c.cached_tokens, c.tokens.empty() ? -1.0 : c.ttft_ms};
         if (api->stream) {
           if (self->cancelled) return;
           if (!c.status.ok()) {

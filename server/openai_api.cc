@@ -142,12 +142,16 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
   } else {
     choice["text"] = text;
   }
-  return Dump({{"id", id},
-               {"object", req.chat ? "chat.completion" : "text_completion"},
-               {"created", created},
-               {"model", req.model},
-               {"choices", json::array({choice})},
-               {"usage", Usage(usage)}});
+  json out = {{"id", id},
+              {"object", req.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", req.model},
+              {"choices", json::array({choice})},
+              {"usage", Usage(usage)}};
+  // An extension: the time to first token as the engine measured it (submit to first sample),
+  // so clients can tell the API's own overhead.
+  if (usage.engine_ttft_ms >= 0) out["kvmesh"] = {{"engine_ttft_ms", usage.engine_ttft_ms}};
+  return Dump(out);
 }
 
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
@@ -179,6 +183,7 @@ std::string StreamUsageChunk(const ApiRequest& req, const std::string& id, int64
                 {"model", req.model},
                 {"choices", json::array()},
                 {"usage", Usage(usage)}};
+  if (usage.engine_ttft_ms >= 0) chunk["kvmesh"] = {{"engine_ttft_ms", usage.engine_ttft_ms}};
   return "data: " + Dump(chunk) + "\n\n";
 }
 

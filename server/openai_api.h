@@ -41,6 +41,7 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
 
 struct ApiUsage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  double engine_ttft_ms = -1;  // >= 0: reported as {"kvmesh": {"engine_ttft_ms": ...}}
 };
 
 // The whole response of a non-streamed request.
