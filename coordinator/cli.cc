@@ -15,6 +15,7 @@
 
 #include "bench/llama_bench.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "coordinator/client_cli.h"
 #include "coordinator/flags.h"
 #include "coordinator/launch.h"
 #include "coordinator/serve.h"
@@ -47,7 +48,11 @@ constexpr char kUsage[] =
     "            [--api-key KEY | --api-key-file F]\n"
     "            [--max-body-bytes N] [--served-model-name NAME] + run's model and serving flags\n"
     "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
-    "            /health /metrics (under mpirun for --tp/--pp)\n"
+    "            /health /metrics (under mpirun for --tp/--pp); cluster RPC on --rpc-port\n"
+    "            (8001; --no-rpc to disable)\n"
+    "  client    health|tokenize|generate|chat|session|status|stats [--host H] [--port 8001]\n"
+    "            [--api-key K] (--text T | --prompt T | --message T [--system S] |\n"
+    "            --id ID --turns FILE) [--max-tokens N] [--temperature T]  the cluster RPC API\n"
     "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
     "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
     "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
@@ -419,6 +424,7 @@ int CliMain(int argc, char** argv) {
   if (cmd == "model") return ModelCmd(argc, argv);
   if (cmd == "bench") return Bench(argc, argv);
   if (cmd == "serve") return Serve(argc, argv);
+  if (cmd == "client") return Client(argc, argv);
   std::cerr << "kvmesh: error: unknown command '" << cmd << "' (run `kvmesh help` for usage)\n";
   return 2;
 }

@@ -10,6 +10,7 @@
 #include "coordinator/serve_config.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
+#include "server/rpc_server.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::coordinator {
@@ -17,8 +18,8 @@ namespace kvmesh::coordinator {
 int Serve(int argc, char** argv) {
   std::set<std::string> valued = LaunchFlagNames();
   valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
-                 "served-model-name", "config"});
-  auto f = Flags::Parse(argc, argv, 2, valued, {"print-plan", "no-prefix-reuse"});
+                 "served-model-name", "config", "rpc-port"});
+  auto f = Flags::Parse(argc, argv, 2, valued, {"print-plan", "no-prefix-reuse", "no-rpc"});
   if (!f.ok()) return Fail(f.status());
   if (f->Has("config")) {
     auto cfg = LoadServeConfig(f->String("config", ""));
@@ -30,6 +31,8 @@ int Serve(int argc, char** argv) {
   auto port = f->Int("port", 8000, 0, 65535);
   if (!port.ok()) return Fail(port.status());
   ho.port = static_cast<uint16_t>(*port);
+  auto rpc_port = f->Int("rpc-port", 8001, 0, 65535);
+  if (!rpc_port.ok()) return Fail(rpc_port.status());
   auto body = f->Int("max-body-bytes", 2 << 20, 1024, int64_t{1} << 30);
   if (!body.ok()) return Fail(body.status());
   ho.max_body_bytes = static_cast<size_t>(*body);
@@ -59,12 +62,29 @@ int Serve(int argc, char** argv) {
     auto http = server::HttpServer::Start(ho, loop, *launch.engine);
     if (!http.ok()) return Fail(http.status());
     (*http)->OnSignal([&loop] { loop.Stop(); });
+    std::unique_ptr<server::RpcServer> rpc;
+    if (!f->Has("no-rpc")) {
+      server::RpcOptions ro;
+      ro.host = ho.host;
+      ro.port = static_cast<uint16_t>(*rpc_port);
+      ro.api_key = ho.api_key;
+      ro.world = launch.world;
+      ro.tp = launch.tp;
+      ro.pp = launch.pp;
+      ro.model_name = ho.model_name;
+      auto r = server::RpcServer::Start(ro, loop, *launch.engine);
+      if (!r.ok()) return Fail(r.status());
+      rpc = std::move(*r);
+      std::cerr << "kvmesh: cluster RPC (kvmesh.v1) on " << ro.host << ":" << rpc->port()
+                << std::endl;
+    }
     std::cerr << "kvmesh: serving " << ho.model_name << " on http://" << ho.host << ":"
               << (*http)->port() << " (world " << launch.world << ", tp " << launch.tp << ", pp "
               << launch.pp << ", " << launch.engine->n_blocks() << " KV blocks of "
               << launch.engine->block_size() << " tokens)" << std::endl;
     const absl::Status s = loop.Run();
     (*http)->Shutdown();
+    if (rpc) rpc->Shutdown();
     if (!s.ok()) return Fail(s);
     std::cerr << "kvmesh: stopped" << std::endl;
     return 0;

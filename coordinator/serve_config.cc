@@ -22,6 +22,7 @@ const std::map<std::string, Key>& Keys() {
       {"served_model_name", {"served-model-name", Kind::kString}},
       {"host", {"host", Kind::kString}},
       {"port", {"port", Kind::kInt}},
+      {"rpc_port", {"rpc-port", Kind::kInt}},
       {"api_key", {"api-key", Kind::kString}},
       {"api_key_file", {"api-key-file", Kind::kString}},
       {"max_num_seqs", {"max-seqs", Kind::kInt}},

@@ -27,7 +27,7 @@ fi
 cmake --build build-fuzz --parallel "$(nproc)" >&2
 corpus="$(mktemp -d)"
 trap 'rm -rf "$corpus"' EXIT
-for f in gguf tokenizer api_request; do
+for f in gguf tokenizer api_request rpc_frame; do
   mkdir -p "$corpus/$f"
   build-fuzz/bin/${f}_fuzzer -max_total_time="${FUZZ_SECONDS:-30}" -max_len=8192 \
     -print_final_stats=1 "$corpus/$f" "tests/fuzz/seeds/$f" 2>"$corpus/$f.log" ||

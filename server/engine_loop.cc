@@ -9,7 +9,11 @@ EngineLoop::EngineLoop(serving::ServingEngine& engine) : engine_(engine) { Publi
 void EngineLoop::Submit(serving::Request req, serving::Callbacks cb, Submitted submitted) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back({false, 0, std::move(req), std::move(cb), std::move(submitted)});
+    Command c;
+    c.req = std::move(req);
+    c.cb = std::move(cb);
+    c.submitted = std::move(submitted);
+    inbox_.push_back(std::move(c));
   }
   cv_.notify_one();
 }
@@ -30,6 +34,16 @@ void EngineLoop::Stop(std::chrono::steady_clock::duration drain) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stop_) deadline_ = std::chrono::steady_clock::now() + drain;
     stop_ = true;
+  }
+  cv_.notify_one();
+}
+
+void EngineLoop::DropSession(const std::string& session_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Command c;
+    c.drop_session = session_id;
+    inbox_.push_back(std::move(c));
   }
   cv_.notify_one();
 }
@@ -65,6 +79,10 @@ absl::Status EngineLoop::Run() {
       deadline = deadline_;
     }
     for (Command& c : commands) {
+      if (!c.drop_session.empty()) {
+        sched.DropSession(c.drop_session);
+        continue;
+      }
       if (c.cancel) {
         sched.Cancel(c.id);
         continue;

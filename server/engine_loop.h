@@ -37,6 +37,8 @@ class EngineLoop {
   // loop is stopping. The callbacks then follow as in serving::Scheduler.
   void Submit(serving::Request req, serving::Callbacks cb, Submitted submitted);
   void Cancel(serving::RequestId id);
+  // Forgets a session's kept KV (its partial last block returns to the pool).
+  void DropSession(const std::string& session_id);
 
   // Runs until Stop(): waits for work, steps while any request is waiting or running. After
   // Stop(), requests already accepted run to completion until `drain_deadline` has passed, then
@@ -50,6 +52,7 @@ class EngineLoop {
   struct Command {
     bool cancel = false;
     serving::RequestId id = 0;
+    std::string drop_session;  // non-empty: a DropSession command
     serving::Request req;
     serving::Callbacks cb;
     Submitted submitted;

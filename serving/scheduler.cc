@@ -240,6 +240,14 @@ bool Scheduler::DropOneSessionTail() {
   return true;
 }
 
+bool Scheduler::DropSession(const std::string& session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  DropSessionTail(*it->second);
+  sessions_.erase(it);
+  return true;
+}
+
 void Scheduler::DropSessions() {
   for (auto& [id, ss] : sessions_) DropSessionTail(*ss);
   sessions_.clear();

@@ -128,6 +128,8 @@ class Scheduler {
   void SetPreemptProbabilityForTesting(double p) { opts_.preempt_probability = p; }
   // Forgets every session (their partial blocks return to the pool).
   void DropSessions();
+  // Forgets one session; false if unknown.
+  bool DropSession(const std::string& session_id);
 
  private:
   struct Sequence;

@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; [[ -f "$work/log" ]] && tail -n 5 "$work/log" >&2;
 
 # start NAME ARGS...: launches a server on a free port, sets $pid and $url.
 start() {
-  "$@" --model "$model" --port 0 >"$work/log" 2>&1 &
+  "$@" --model "$model" --port 0 --rpc-port 0 >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 300); do
     port="$(grep -o 'http://127.0.0.1:[0-9]*' "$work/log" | head -n1 | sed 's/.*://')"
@@ -27,6 +27,7 @@ start() {
   done
   [[ -n "$port" ]] || fail "server did not start"
   url="http://127.0.0.1:$port"
+  rpc="$(grep -o 'RPC (kvmesh.v1) on 127.0.0.1:[0-9]*' "$work/log" | head -n1 | sed 's/.*://')"
 }
 
 # stop [PID]: SIGTERM to PID (default: the server), then the server must exit 0 within 30 s.
@@ -57,6 +58,41 @@ PY
 else
   echo "serve openai: SKIPPED (python package 'openai' not installed)"
 fi
+# The cluster RPC API through `kvmesh client`: health, tokenize, chat, a server-side session
+# whose cached tokens climb, cluster status and cache stats; a malformed frame is refused with
+# an Error and the server keeps serving.
+rpcc() { "$bin" client "$1" --port "$rpc" "${@:2}"; }
+[[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc health"
+[[ "$(rpcc tokenize --text "Hello world")" == '{"ids":[19556,905]}' ]] || fail "rpc tokenize"
+rpcc chat --message "What is the capital of France?" --max-tokens 16 >"$work/rpc.chat" 2>/dev/null || fail "rpc chat"
+grep -q Paris "$work/rpc.chat" || fail "rpc chat answer: $(cat "$work/rpc.chat")"
+python3 -c "
+doc = ' '.join(f'Item {i} is kept on shelf {i % 4}.' for i in range(1, 40))
+print(doc + ' Where is item 9?'); print('And item 14?'); print('And item 33?')" >"$work/turns"
+rpcc session --id rpc1 --turns "$work/turns" --max-tokens 16 >"$work/rpc.session" || fail "rpc session"
+python3 - "$work/rpc.session" <<'PY' || fail "rpc session cached tokens: $(grep turn "$work/rpc.session")"
+import re, sys
+cached = [int(m) for m in re.findall(r"prompt tokens, (\d+) cached", open(sys.argv[1]).read())]
+assert len(cached) == 3 and cached[1] > 300 and cached[2] > cached[1], cached
+print("serve rpc: session cached tokens per turn", cached)
+PY
+rpcc status | python3 -c "import json,sys; s=json.load(sys.stdin); assert s['world']==1 and s['ranks'][0]['kvBlocks']>0, s" || fail "rpc status"
+rpcc stats | python3 -c "import json,sys; s=json.load(sys.stdin); assert int(s['prefixHitTokens'])>0, s" || fail "rpc stats"
+python3 - "$rpc" <<'PY' || fail "rpc malformed frame"
+import socket, struct, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(struct.pack("<I", 0xFFFFFFF0))  # a length over the 4 MiB frame limit
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+assert b"exceeds the limit" in data, data   # an Error frame, then the server closed
+print("serve rpc: oversized frame refused with an Error frame, connection closed")
+PY
+[[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
+
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
 if command -v prometheus >/dev/null; then
   pport="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
@@ -108,6 +144,11 @@ echo "serve shutdown: SIGTERM drained the in-flight request and exited 0"
 
 start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096
 python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
+"$bin" client health --port "$rpc" >/dev/null 2>"$work/err" && fail "rpc without a key succeeded"
+grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
+"$bin" client health --port "$rpc" --api-key wrong >/dev/null 2>&1 && fail "rpc with a wrong key succeeded"
+[[ "$("$bin" client health --port "$rpc" --api-key s3cret)" == '{"status":"ok"}' ]] || fail "rpc with the key"
+echo "serve rpc auth: the first frame must carry the key"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
 
@@ -123,6 +164,11 @@ if command -v mpirun >/dev/null; then
   [[ "$(id -u)" == 0 ]] && mpi+=(--allow-run-as-root)
   start "${mpi[@]}" -np 2 "$bin" serve --tp 2 --threads 1
   python3 "$here/serve_test.py" "$url" main || fail "tp=2 main"
+  "$bin" client status --port "$rpc" | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+assert s['world'] == 2 and s['tp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'worker'], s
+print('serve rpc tp=2 status:', [r['shard'] for r in s['ranks']])" || fail "tp=2 cluster status"
   # Under mpirun the coordinator (rank 0) takes SIGTERM (as every rank does under Slurm's
   # scancel; workers ignore it and stop when rank 0 has drained); mpirun then exits 0.
   rank0=""

@@ -1,0 +1,160 @@
+#include "coordinator/client_cli.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "coordinator/flags.h"
+#include "coordinator/launch.h"
+#include "server/rpc_client.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::coordinator {
+
+namespace {
+
+namespace v1 = kvmesh::v1;
+
+void PrintJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  std::cout << out << "\n";
+}
+
+absl::StatusOr<v1::SamplingParams> Sampling(const Flags& f) {
+  v1::SamplingParams s;
+  auto t = f.Float("temperature", 0.0, 0.0, 100.0);
+  if (!t.ok()) return t.status();
+  auto seed = f.Uint64("seed", 0);
+  if (!seed.ok()) return seed.status();
+  s.set_temperature(static_cast<float>(*t));
+  s.set_seed(*seed);
+  return s;
+}
+
+// Streams a Generate / SessionAppend; prints the text as it comes, then a summary line.
+int StreamOut(server::RpcClient& c, v1::Frame req) {
+  auto done = c.Stream(std::move(req), [](const v1::Token& t) {
+    std::cout << t.text() << std::flush;
+    return true;
+  });
+  if (!done.ok()) return Fail(done.status());
+  std::cout << "\n";
+  std::cerr << "kvmesh client: " << done->prompt_tokens() << " prompt tokens ("
+            << done->cached_tokens() << " cached), " << done->completion_tokens()
+            << " generated, TTFT " << done->ttft_ms() << " ms, " << done->finish_reason() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int Client(int argc, char** argv) {
+  if (argc < 3) {
+    return Fail(absl::InvalidArgumentError(
+        "client: give an action: health, tokenize, generate, chat, session, status or stats"));
+  }
+  const std::string action = argv[2];
+  auto f = Flags::Parse(argc, argv, 3,
+                        {"host", "port", "api-key", "api-key-file", "text", "prompt", "message",
+                         "system", "max-tokens", "temperature", "seed", "id", "turns"},
+                        {"no-special"});
+  if (!f.ok()) return Fail(f.status());
+  auto port = f->Int("port", 8001, 1, 65535);
+  if (!port.ok()) return Fail(port.status());
+  auto max_tokens = f->Int("max-tokens", 256, 1, 1 << 20);
+  if (!max_tokens.ok()) return Fail(max_tokens.status());
+  auto sampling = Sampling(*f);
+  if (!sampling.ok()) return Fail(sampling.status());
+  std::string key = f->String("api-key", "");
+  if (f->Has("api-key-file")) {
+    std::ifstream in(f->String("api-key-file", ""));
+    if (!in) return Fail(absl::NotFoundError("cannot read --api-key-file"));
+    std::getline(in, key);
+  }
+  auto c =
+      server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port), key);
+  if (!c.ok()) return Fail(c.status());
+  v1::Frame req;
+  if (action == "health" || action == "status" || action == "stats" || action == "tokenize") {
+    if (action == "health") req.mutable_health();
+    if (action == "status") req.mutable_cluster_status();
+    if (action == "stats") req.mutable_cache_stats();
+    if (action == "tokenize") {
+      if (!f->Has("text"))
+        return Fail(absl::InvalidArgumentError("client tokenize: --text is required"));
+      req.mutable_tokenize()->set_text(f->String("text", ""));
+      req.mutable_tokenize()->set_parse_special(!f->Has("no-special"));
+    }
+    auto r = (*c)->Call(req);
+    if (!r.ok()) return Fail(r.status());
+    if (r->has_healthy()) PrintJson(r->healthy());
+    if (r->has_cluster()) PrintJson(r->cluster());
+    if (r->has_cache()) PrintJson(r->cache());
+    if (r->has_tokenized()) PrintJson(r->tokenized());
+    return 0;
+  }
+  if (action == "generate" || action == "chat") {
+    v1::GenerateRequest* g = req.mutable_generate();
+    if (action == "generate") {
+      if (!f->Has("prompt"))
+        return Fail(absl::InvalidArgumentError("client generate: --prompt is required"));
+      g->set_prompt(f->String("prompt", ""));
+    } else {
+      if (!f->Has("message"))
+        return Fail(absl::InvalidArgumentError("client chat: --message is required"));
+      if (f->Has("system")) {
+        auto* m = g->add_messages();
+        m->set_role("system");
+        m->set_content(f->String("system", ""));
+      }
+      auto* m = g->add_messages();
+      m->set_role("user");
+      m->set_content(f->String("message", ""));
+    }
+    g->set_max_tokens(static_cast<int32_t>(*max_tokens));
+    *g->mutable_sampling() = *sampling;
+    return StreamOut(**c, req);
+  }
+  if (action == "session") {
+    // Opens session --id, sends each line of --turns as the next user message, prints each
+    // answer with its cached-token count, then closes it.
+    if (!f->Has("id") || !f->Has("turns")) {
+      return Fail(absl::InvalidArgumentError("client session: --id and --turns FILE are required"));
+    }
+    std::ifstream in(f->String("turns", ""));
+    if (!in)
+      return Fail(
+          absl::NotFoundError(StrCat("cannot open --turns file '", f->String("turns", ""), "'")));
+    const std::string id = f->String("id", "");
+    v1::Frame open;
+    open.mutable_session_open()->set_session_id(id);
+    open.mutable_session_open()->set_system(f->String("system", ""));
+    if (auto r = (*c)->Call(open); !r.ok()) return Fail(r.status());
+    std::string line;
+    int turn = 0;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      v1::Frame a;
+      a.mutable_session_append()->set_session_id(id);
+      a.mutable_session_append()->set_user(line);
+      a.mutable_session_append()->set_max_tokens(static_cast<int32_t>(*max_tokens));
+      *a.mutable_session_append()->mutable_sampling() = *sampling;
+      auto done = (*c)->Stream(a, nullptr);
+      if (!done.ok()) return Fail(done.status());
+      std::cout << "[turn " << ++turn << "] " << done->prompt_tokens() << " prompt tokens, "
+                << done->cached_tokens() << " cached, TTFT " << done->ttft_ms() << " ms\n"
+                << done->text() << "\n";
+    }
+    v1::Frame close;
+    close.mutable_session_close()->set_session_id(id);
+    if (auto r = (*c)->Call(close); !r.ok()) return Fail(r.status());
+    return 0;
+  }
+  return Fail(absl::InvalidArgumentError(StrCat("client: unknown action '", action, "'")));
+}
+
+}  // namespace kvmesh::coordinator

@@ -1,0 +1,452 @@
+#include "server/rpc_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "model/shard.h"
+#include "server/rpc_frame.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+namespace v1 = kvmesh::v1;
+
+namespace {
+
+std::string Msg(const absl::Status& s) {
+  return std::string(s.message().data(), s.message().size());
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+model::SamplingParams Sampling(const v1::SamplingParams& p) {
+  model::SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_k = p.top_k();
+  s.top_p = p.top_p() > 0 ? p.top_p() : 1.0f;
+  s.repeat_penalty = p.repeat_penalty() > 0 ? p.repeat_penalty() : 1.0f;
+  s.seed = p.seed();
+  return s;
+}
+
+size_t CompleteUtf8(const std::string& s) {
+  size_t keep = 0;
+  for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
+    const auto b = static_cast<unsigned char>(s[i - 1]);
+    if ((b & 0xC0) != 0x80) {
+      const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+      return keep + 1 >= need ? s.size() : i - 1;
+    }
+  }
+  return s.size();
+}
+
+}  // namespace
+
+struct RpcConn;
+
+struct RpcServer::Impl {
+  RpcOptions opts;
+  EngineLoop& loop;
+  const worker::Engine& engine;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  std::thread thread;
+  std::mutex conns_mu;
+  std::set<std::shared_ptr<RpcConn>> conns;  // guarded by conns_mu
+  bool shutting_down = false;                // io thread
+  // Server-side sessions: their conversations (io thread only).
+  std::map<std::string, std::vector<model::ChatMessage>> sessions;
+
+  Impl(const RpcOptions& o, EngineLoop& l, const worker::Engine& e) : opts(o), loop(l), engine(e) {}
+  void Accept();
+  v1::ClusterStatus Status() const;
+};
+
+struct RpcConn : std::enable_shared_from_this<RpcConn> {
+  RpcServer::Impl& srv;
+  tcp::socket sock;
+  FrameDecoder decoder;
+  char rbuf[16 << 10];
+  bool authed;
+  bool closed = false;
+  std::deque<std::string> out;
+  bool writing = false, close_after_writes = false;
+  // Client request id -> engine request id (0 until the engine accepted it).
+  std::map<uint64_t, serving::RequestId> live;
+
+  RpcConn(RpcServer::Impl& s, tcp::socket k)
+      : srv(s),
+        sock(std::move(k)),
+        decoder(s.opts.max_frame_bytes),
+        authed(s.opts.api_key.empty()) {}
+
+  void Read() {
+    sock.async_read_some(asio::buffer(rbuf),
+                         [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                           if (ec) return self->Close();
+                           self->decoder.Feed(self->rbuf, n);
+                           for (;;) {
+                             auto f = self->decoder.Next();
+                             if (!f.ok()) return self->Fail(0, f.status());
+                             if (!f->has_value()) break;
+                             self->Handle(**f);
+                             if (self->closed || self->close_after_writes) return;
+                           }
+                           self->Read();
+                         });
+  }
+
+  void Send(const v1::Frame& f) {
+    if (closed) return;
+    out.push_back(EncodeFrame(f));
+    if (!writing) WriteNext();
+  }
+  void WriteNext() {
+    if (out.empty()) {
+      writing = false;
+      if (close_after_writes) Close();
+      return;
+    }
+    writing = true;
+    asio::async_write(sock, asio::buffer(out.front()),
+                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        self->out.pop_front();
+                        self->WriteNext();
+                      });
+  }
+
+  void Error(uint64_t id, const absl::Status& s) {
+    v1::Frame f;
+    f.set_request_id(id);
+    f.mutable_error()->set_code(static_cast<int>(s.code()));
+    f.mutable_error()->set_message(Msg(s));
+    Send(f);
+  }
+  // A protocol error: say why, then close.
+  void Fail(uint64_t id, const absl::Status& s) {
+    Error(id, s);
+    close_after_writes = true;
+    if (!writing) Close();
+  }
+
+  void Close() {
+    if (closed) return;
+    closed = true;
+    boost::system::error_code ignored;
+    sock.shutdown(tcp::socket::shutdown_both, ignored);
+    sock.close(ignored);
+    for (const auto& [cid, eid] : live) {
+      if (eid != 0) srv.loop.Cancel(eid);
+    }
+    std::lock_guard<std::mutex> lock(srv.conns_mu);
+    srv.conns.erase(shared_from_this());
+  }
+
+  void Handle(const v1::Frame& f) {
+    const uint64_t id = f.request_id();
+    if (!authed) {
+      if (f.has_auth() && ConstantTimeEquals(f.auth().api_key(), srv.opts.api_key)) {
+        authed = true;
+        return;
+      }
+      return Fail(id, absl::UnauthenticatedError("the first frame must be Auth with the API key"));
+    }
+    v1::Frame r;
+    r.set_request_id(id);
+    switch (f.body_case()) {
+      case v1::Frame::kAuth:
+        return;  // already authenticated (or no key): ignore
+      case v1::Frame::kHealth:
+        r.mutable_healthy()->set_status(srv.loop.Snapshot().stopping ? "stopping" : "ok");
+        return Send(r);
+      case v1::Frame::kTokenize: {
+        for (int32_t t :
+             srv.engine.tokenizer().Encode(f.tokenize().text(), f.tokenize().parse_special())) {
+          r.mutable_tokenized()->add_ids(t);
+        }
+        return Send(r);
+      }
+      case v1::Frame::kClusterStatus:
+        *r.mutable_cluster() = srv.Status();
+        return Send(r);
+      case v1::Frame::kCacheStats: {
+        const auto st = srv.loop.Snapshot().stats;
+        v1::CacheStats* c = r.mutable_cache();
+        c->set_prefix_query_tokens(st.prefix_query_tokens);
+        c->set_prefix_hit_tokens(st.prefix_hit_tokens);
+        c->set_blocks_total(st.blocks_total);
+        c->set_blocks_used(st.blocks_used);
+        c->set_blocks_cached(st.blocks_cached);
+        c->set_evictions(st.evictions);
+        c->set_preemptions(st.preemptions);
+        c->set_running(st.running);
+        c->set_waiting(st.waiting);
+        c->set_sessions(st.sessions);
+        c->set_generated_tokens(st.generated_tokens);
+        return Send(r);
+      }
+      case v1::Frame::kCancel: {
+        auto it = live.find(id);
+        if (it != live.end() && it->second != 0) srv.loop.Cancel(it->second);
+        return;
+      }
+      case v1::Frame::kSessionOpen: {
+        const auto& o = f.session_open();
+        if (o.session_id().empty())
+          return Error(id, absl::InvalidArgumentError("session_id is empty"));
+        auto& msgs = srv.sessions[o.session_id()];
+        msgs.clear();
+        if (!o.system().empty()) msgs.push_back({"system", o.system()});
+        r.mutable_session()->set_session_id(o.session_id());
+        r.mutable_session()->set_messages(static_cast<int32_t>(msgs.size()));
+        return Send(r);
+      }
+      case v1::Frame::kSessionClose: {
+        const std::string sid = f.session_close().session_id();
+        if (srv.sessions.erase(sid) == 0) {
+          return Error(id, absl::NotFoundError(StrCat("no session '", sid, "'")));
+        }
+        srv.loop.DropSession(sid);
+        r.mutable_session()->set_session_id(sid);
+        return Send(r);
+      }
+      case v1::Frame::kSessionAppend: {
+        const auto& a = f.session_append();
+        auto it = srv.sessions.find(a.session_id());
+        if (it == srv.sessions.end()) {
+          return Error(
+              id, absl::NotFoundError(StrCat("no session '", a.session_id(), "' (open it first)")));
+        }
+        it->second.push_back({"user", a.user()});
+        v1::GenerateRequest g;
+        for (const auto& m : it->second) {
+          auto* cm = g.add_messages();
+          cm->set_role(m.role);
+          cm->set_content(m.content);
+        }
+        g.set_max_tokens(a.max_tokens());
+        *g.mutable_sampling() = a.sampling();
+        g.set_session_id(a.session_id());
+        return Generate(id, g, a.session_id());
+      }
+      case v1::Frame::kGenerate:
+        return Generate(id, f.generate(), "");
+      default:
+        return Fail(id, absl::InvalidArgumentError("unexpected frame type from a client"));
+    }
+  }
+
+  // Streams Token frames, then Done; `session` (non-empty) gets the answer appended.
+  void Generate(uint64_t id, const v1::GenerateRequest& g, const std::string& session) {
+    if (live.count(id))
+      return Error(id, absl::InvalidArgumentError(StrCat("request id ", id, " is in flight")));
+    if (static_cast<int>(live.size()) >= srv.opts.max_in_flight) {
+      return Error(id,
+                   absl::ResourceExhaustedError(StrCat("more than ", srv.opts.max_in_flight,
+                                                       " requests in flight on this connection")));
+    }
+    const auto& tok = srv.engine.tokenizer();
+    serving::Request req;
+    if (g.messages_size() > 0) {
+      const model::ChatTemplate* tmpl = srv.engine.chat_template();
+      if (tmpl == nullptr)
+        return Error(id, absl::InvalidArgumentError("the model has no chat template"));
+      std::vector<model::ChatMessage> msgs;
+      for (const auto& m : g.messages()) {
+        if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+          return Error(id, absl::InvalidArgumentError(
+                               StrCat("role '", m.role(), "' is not system, user or assistant")));
+        }
+        msgs.push_back({m.role(), m.content()});
+      }
+      req.prompt = tok.Encode(tmpl->Render(msgs, true), true);
+    } else {
+      req.prompt = tok.Encode(g.prompt(), true);
+    }
+    req.max_tokens = g.max_tokens() > 0 ? g.max_tokens() : 256;
+    const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(req.prompt.size());
+    if (room <= 0 || req.max_tokens > room) {
+      return Error(id, absl::InvalidArgumentError(StrCat(
+                           "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,
+                           ") exceeds the context of ", srv.engine.ctx_size(), " tokens")));
+    }
+    req.sampling = Sampling(g.sampling());
+    req.session_id = g.session_id();
+    req.ignore_eos = g.ignore_eos();
+    live[id] = 0;
+    auto self = shared_from_this();
+    auto pending = std::make_shared<std::string>();
+    auto text = std::make_shared<std::string>();
+    auto& io = srv.io;
+    serving::Callbacks cb;
+    cb.on_token = [self, id, pending, text, &io, &tok](serving::RequestId, int32_t t) {
+      std::string bytes = tok.TokenBytes(t);
+      asio::post(io, [self, id, t, pending, text, bytes = std::move(bytes)] {
+        *pending += bytes;
+        const size_t n = CompleteUtf8(*pending);
+        v1::Frame f;
+        f.set_request_id(id);
+        f.mutable_token()->set_id(t);
+        f.mutable_token()->set_text(pending->substr(0, n));
+        *text += pending->substr(0, n);
+        pending->erase(0, n);
+        self->Send(f);
+      });
+    };
+    cb.on_done = [self, id, pending, text, session, &io](const serving::Completion& c) {
+      asio::post(io, [self, id, pending, text, session, c] {
+        self->live.erase(id);
+        if (!c.status.ok() && !absl::IsCancelled(c.status)) return self->Error(id, c.status);
+        *text += *pending;
+        if (!session.empty() && c.status.ok()) {
+          auto it = self->srv.sessions.find(session);
+          if (it != self->srv.sessions.end()) it->second.push_back({"assistant", *text});
+        }
+        v1::Frame f;
+        f.set_request_id(id);
+        v1::Done* d = f.mutable_done();
+        d->set_finish_reason(absl::IsCancelled(c.status) ? "cancelled"
+                             : c.stop_reason == "eos"    ? "stop"
+                                                         : c.stop_reason);
+        d->set_text(*text);
+        d->set_prompt_tokens(c.prompt_tokens);
+        d->set_completion_tokens(static_cast<int64_t>(c.tokens.size()));
+        d->set_cached_tokens(c.cached_tokens);
+        d->set_ttft_ms(c.ttft_ms);
+        self->Send(f);
+      });
+    };
+    srv.loop.Submit(std::move(req), std::move(cb),
+                    [self, id, &io](absl::StatusOr<serving::RequestId> got) {
+                      asio::post(io, [self, id, got] {
+                        if (!got.ok()) {
+                          self->live.erase(id);
+                          return self->Error(id, got.status());
+                        }
+                        auto it = self->live.find(id);
+                        if (it != self->live.end()) it->second = *got;
+                        if (self->closed) self->srv.loop.Cancel(*got);
+                      });
+                    });
+  }
+};
+
+v1::ClusterStatus RpcServer::Impl::Status() const {
+  v1::ClusterStatus s;
+  s.set_world(opts.world);
+  s.set_dp(1);
+  s.set_pp(opts.pp);
+  s.set_tp(opts.tp);
+  s.set_model(opts.model_name);
+  s.set_block_size(engine.block_size());
+  const auto& m = engine.model();
+  for (int r = 0; r < opts.world; ++r) {
+    v1::RankInfo* ri = s.add_ranks();
+    ri->set_rank(r);
+    ri->set_role(r == 0 ? "coordinator+worker" : "worker");
+    const auto st = model::MakePipelineStage(m.config(), r / opts.tp, opts.pp);
+    if (st.ok()) {
+      ri->set_stage(st->stage);
+      ri->set_layer_begin(static_cast<int32_t>(st->layer_begin));
+      ri->set_layer_end(static_cast<int32_t>(st->layer_end));
+    }
+    ri->set_tp_rank(r % opts.tp);
+    if (auto sh = model::MakeTpShard(m, r % opts.tp, opts.tp); sh.ok())
+      ri->set_shard(sh->Describe());
+    ri->set_kv_blocks(engine.n_blocks());
+  }
+  return s;
+}
+
+void RpcServer::Impl::Accept() {
+  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || shutting_down) return;
+      return Accept();
+    }
+    auto c = std::make_shared<RpcConn>(*this, std::move(sock));
+    {
+      std::lock_guard<std::mutex> lock(conns_mu);
+      conns.insert(c);
+    }
+    c->Read();
+    Accept();
+  });
+}
+
+RpcServer::RpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcOptions& opts,
+                                                            EngineLoop& loop,
+                                                            const worker::Engine& engine) {
+  auto impl = std::make_unique<Impl>(opts, loop, engine);
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(opts.host, ec);
+  if (ec)
+    return absl::InvalidArgumentError(StrCat("--host '", opts.host, "' is not an IP address"));
+  const tcp::endpoint ep(addr, opts.port);
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        StrCat("cannot listen on ", opts.host, ":", opts.port, " (RPC): ", ec.message()));
+  }
+  Impl* p = impl.get();
+  p->Accept();
+  p->thread = std::thread([p] { p->io.run(); });
+  return std::unique_ptr<RpcServer>(new RpcServer(std::move(impl)));
+}
+
+uint16_t RpcServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void RpcServer::Shutdown() {
+  Impl* p = impl_.get();
+  if (!p->thread.joinable()) return;
+  asio::post(p->io, [p] {
+    p->shutting_down = true;
+    boost::system::error_code ignored;
+    p->acceptor.close(ignored);
+    std::vector<std::shared_ptr<RpcConn>> idle;
+    {
+      std::lock_guard<std::mutex> lock(p->conns_mu);
+      for (const auto& c : p->conns) {
+        if (c->live.empty() && !c->writing) idle.push_back(c);
+      }
+    }
+    for (auto& c : idle) c->Close();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(p->conns_mu);
+      if (p->conns.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  p->io.stop();
+  p->thread.join();
+}
+
+RpcServer::~RpcServer() {
+  if (impl_ && impl_->thread.joinable()) Shutdown();
+}
+
+}  // namespace kvmesh::server
