@@ -243,6 +243,7 @@ struct Session : std::enable_shared_from_this<Session> {
     r.sampling = api->sampling;
     r.ignore_eos = api->ignore_eos;
     r.session_id = api->session_id;
+    r.logprobs = api->logprobs ? std::max(api->top_logprobs, 1) : 0;
     const std::string id = StrCat(chat ? "chatcmpl-" : "cmpl-", srv.next_id++);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
 
@@ -250,11 +251,22 @@ struct Session : std::enable_shared_from_this<Session> {
     struct Gen {
       std::string text, pending;
       bool first = true;
+      std::vector<ApiLogprob> lps, pending_lps;  // all tokens' / not yet streamed
     };
     auto gen = std::make_shared<Gen>();
     auto self = shared_from_this();
     auto& io = srv.io;
     serving::Callbacks cb;
+    if (api->logprobs) {
+      cb.on_logprobs = [gen, &io, &tok](serving::RequestId, const serving::TokenLogprobs& l) {
+        ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}};
+        for (const auto& [t, lp] : l.top) a.top.emplace_back(tok.TokenBytes(t, true), lp);
+        asio::post(io, [gen, a = std::move(a)] {
+          gen->lps.push_back(a);
+          gen->pending_lps.push_back(a);
+        });
+      };
+    }
     cb.on_token = [self, gen, api, id, created, &io, &tok](serving::RequestId, int32_t t) {
       std::string bytes = tok.TokenBytes(t);
       asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
@@ -265,7 +277,9 @@ struct Session : std::enable_shared_from_this<Session> {
         gen->pending.erase(0, n);
         gen->text += piece;
         if (api->stream && !self->cancelled) {
-          self->Send(StreamChunk(*api, id, created, piece, "", gen->first));
+          self->Send(StreamChunk(*api, id, created, piece, "", gen->first,
+                                 api->logprobs ? &gen->pending_lps : nullptr));
+          gen->pending_lps.clear();
           gen->first = false;
         }
       });
@@ -282,7 +296,8 @@ struct Session : std::enable_shared_from_this<Session> {
           if (!c.status.ok()) {
             self->Send("data: " + ErrorJson(500, Msg(c.status)) + "\n\n");
           } else {
-            self->Send(StreamChunk(*api, id, created, gen->pending, finish, gen->first));
+            self->Send(StreamChunk(*api, id, created, gen->pending, finish, gen->first,
+                                   api->logprobs ? &gen->pending_lps : nullptr));
             if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
           }
           self->Send("data: [DONE]\n\n");
@@ -294,7 +309,9 @@ struct Session : std::enable_shared_from_this<Session> {
           return self->Reply(http::status::internal_server_error, ErrorJson(500, Msg(c.status)),
                              false);
         }
-        self->Reply(http::status::ok, CompletionJson(*api, id, created, gen->text, finish, usage),
+        self->Reply(http::status::ok,
+                    CompletionJson(*api, id, created, gen->text, finish, usage,
+                                   api->logprobs ? &gen->lps : nullptr),
                     keep);
       });
     };

@@ -54,6 +54,50 @@ json Usage(const ApiUsage& u) {
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// OpenAI's logprobs object: {"content": [...]} for chat, parallel arrays for completions.
+json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
+  if (req.chat) {
+    json content = json::array();
+    for (const ApiLogprob& lp : lps) {
+      json top = json::array();
+      for (size_t i = 0; i < lp.top.size() && i < static_cast<size_t>(req.top_logprobs); ++i) {
+        top.push_back({{"token", lp.top[i].first},
+                       {"logprob", lp.top[i].second},
+                       {"bytes", Bytes(lp.top[i].first)}});
+      }
+      content.push_back({{"token", lp.token},
+                         {"logprob", lp.logprob},
+                         {"bytes", Bytes(lp.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t offset = 0;
+  for (const ApiLogprob& lp : lps) {
+    tokens.push_back(lp.token);
+    token_lps.push_back(lp.logprob);
+    json top = json::object();
+    for (size_t i = 0; i < lp.top.size() && i < static_cast<size_t>(req.top_logprobs); ++i) {
+      top[lp.top[i].first] = lp.top[i].second;
+    }
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += lp.token.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
 }  // namespace
 
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
@@ -105,10 +149,18 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
     r.prompt = it->get<std::string>();
   }
   int32_t n = 1;
-  if (auto s = Number(j, "n", 1, 1, n); !s.ok())
+  if (auto s = Number(j, "n", 1, 1, n); !s.ok()) {
     return Bad("n", "must be 1 (one choice per request)");
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) {
-    return Bad("logprobs", "is not supported");
+  }
+  if (chat) {  // "logprobs": true, "top_logprobs": k
+    if (auto s = Bool(j, "logprobs", r.logprobs); !s.ok()) return s;
+    if (auto s = Number(j, "top_logprobs", 0, 20, r.top_logprobs); !s.ok()) return s;
+    if (r.top_logprobs > 0 && !r.logprobs) return Bad("top_logprobs", "needs \"logprobs\": true");
+  } else {  // "logprobs": k
+    int32_t k = -1;
+    if (auto s = Number(j, "logprobs", 0, 20, k); !s.ok()) return s;
+    r.logprobs = k >= 0;
+    r.top_logprobs = std::max(k, 0);
   }
   if (auto s = Number(
           j, chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
@@ -135,8 +187,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
 
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
                            const std::string& text, const std::string& finish_reason,
-                           const ApiUsage& usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                           const ApiUsage& usage, const std::vector<ApiLogprob>* logprobs) {
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason},
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json()}};
   if (req.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -155,10 +209,11 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
 }
 
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
-                        const std::string& delta, const std::string& finish_reason, bool first) {
+                        const std::string& delta, const std::string& finish_reason, bool first,
+                        const std::vector<ApiLogprob>* logprobs) {
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)},
-                 {"logprobs", nullptr}};
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json()}};
   if (req.chat) {
     json d = json::object();
     if (first) d["role"] = "assistant";

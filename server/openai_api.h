@@ -31,13 +31,22 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension, as vLLM
   std::string session_id;      // extension: continue a server-side session
+  bool logprobs = false;       // report sampled tokens' log-probabilities
+  int32_t top_logprobs = 0;    // and this many alternatives each (<= 20)
   model::SamplingParams sampling;
 };
 
-// InvalidArgument naming the field for anything malformed or unsupported (n != 1, logprobs,
-// a non-string prompt, unknown roles, out-of-range numbers).
+// InvalidArgument naming the field for anything malformed or unsupported (n != 1, more than 20
+// logprobs, a non-string prompt, unknown roles, out-of-range numbers).
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
                                            const ApiLimits& limits);
+
+// One generated token's log-probability, with its text and the top alternatives.
+struct ApiLogprob {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+};
 
 struct ApiUsage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -47,10 +56,12 @@ struct ApiUsage {
 // The whole response of a non-streamed request.
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
                            const std::string& text, const std::string& finish_reason,
-                           const ApiUsage& usage);
+                           const ApiUsage& usage,
+                           const std::vector<ApiLogprob>* logprobs = nullptr);
 // One server-sent event ("data: {...}\n\n") carrying `delta` (and finish_reason when non-empty).
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
-                        const std::string& delta, const std::string& finish_reason, bool first);
+                        const std::string& delta, const std::string& finish_reason, bool first,
+                        const std::vector<ApiLogprob>* logprobs = nullptr);
 // The final usage chunk of a stream with include_usage.
 std::string StreamUsageChunk(const ApiRequest& req, const std::string& id, int64_t created,
                              const ApiUsage& usage);

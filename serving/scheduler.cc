@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "util/str_cat.h"
 
@@ -43,6 +44,25 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// log-softmax of `tok` and of the k most likely tokens.
+TokenLogprobs LogprobsOf(const std::vector<float>& logits, int32_t tok, int32_t k) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  std::vector<int32_t> idx(logits.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  const size_t top = std::min<size_t>(static_cast<size_t>(k), idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  TokenLogprobs lp;
+  lp.token = tok;
+  lp.logprob = logits[tok] - lse;
+  for (size_t i = 0; i < top; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - lse);
+  return lp;
+}
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
@@ -75,6 +95,10 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
     }
   }
   if (req.max_tokens < 0) return reject(absl::InvalidArgumentError("max_tokens must be >= 0"));
+  if (req.logprobs < 0 || req.logprobs > kMaxLogprobs) {
+    return reject(absl::InvalidArgumentError(
+        StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", req.logprobs)));
+  }
   if (auto s = req.sampling.Validate(); !s.ok()) return reject(s);
   // Alone, the sequence needs K/V for every token but the last one it samples.
   const int64_t positions =
@@ -434,7 +458,13 @@ absl::Status Scheduler::Step() {
       Finish(s, absl::OkStatus(), "length");
       continue;
     }
+    // Log-probabilities come from the model's distribution, before the sampler adjusts logits.
+    if (s.req.logprobs > 0) raw_logits_.assign(logits.begin(), logits.end());
     const int32_t tok = s.sampler.Sample(logits, s.tokens);
+    if (s.req.logprobs > 0) {
+      s.done.logprobs.push_back(LogprobsOf(raw_logits_, tok, s.req.logprobs));
+      if (s.cb.on_logprobs) s.cb.on_logprobs(s.id, s.done.logprobs.back());
+    }
     s.tokens.push_back(tok);
     s.done.tokens.push_back(tok);
     ++stats_.generated_tokens;

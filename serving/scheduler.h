@@ -48,8 +48,20 @@ struct Request {
   // Non-empty: a conversation. Its KV is kept after this turn so the next turn (whose prompt
   // extends this one's prompt and answer) computes only its new tokens.
   std::string session_id;
-  bool prefix_cache = true;    // false: compute the whole prompt (and publish nothing)
+  bool prefix_cache = true;  // false: compute the whole prompt (and publish nothing)
+  // > 0: report each sampled token's log-probability and the top `logprobs` alternatives (at
+  // most kMaxLogprobs), from the model's distribution before sampling adjustments.
+  int32_t logprobs = 0;
   bool return_logits = false;  // Completion::first_logits (tests, debugging)
+};
+
+constexpr int32_t kMaxLogprobs = 20;
+
+// A sampled token's log-probability under the model, and the most likely alternatives.
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (token, logprob), most likely first
 };
 
 struct Completion {
@@ -60,14 +72,17 @@ struct Completion {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose KV was reused at admission
   int32_t preemptions = 0;
-  double ttft_ms = 0;               // submit to first token
-  double total_ms = 0;              // submit to completion
-  std::vector<float> first_logits;  // the prompt's last-position logits, if return_logits
+  double ttft_ms = 0;                   // submit to first token
+  double total_ms = 0;                  // submit to completion
+  std::vector<float> first_logits;      // the prompt's last-position logits, if return_logits
+  std::vector<TokenLogprobs> logprobs;  // one per generated token, if Request::logprobs > 0
 };
 
 struct Callbacks {
   std::function<void(RequestId, int32_t token)> on_token;  // each token as it is sampled
-  std::function<void(const Completion&)> on_done;          // exactly once per accepted request
+  // With Request::logprobs: each token's log-probabilities, just before its on_token.
+  std::function<void(RequestId, const TokenLogprobs&)> on_logprobs;
+  std::function<void(const Completion&)> on_done;  // exactly once per accepted request
 };
 
 struct SchedulerOptions {
@@ -168,7 +183,8 @@ class Scheduler {
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
-  bool in_step_ = false;                     // sampling: callbacks are running
+  std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
+  bool in_step_ = false;           // sampling: callbacks are running
   std::vector<RequestId> deferred_cancels_;  // Cancel() calls made from callbacks
 };
 

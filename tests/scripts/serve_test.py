@@ -61,6 +61,16 @@ if mode == "main":
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     check(text == r["choices"][0]["message"]["content"], f"stream text {text!r}")
     check(chunks[-1]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"], "usage")
+    # Log-probabilities: the greedy token is the most likely one; top alternatives descend.
+    code, body, _ = call("POST", "/v1/chat/completions",
+                         chat([{"role": "user", "content": "What is the capital of France?"}],
+                              logprobs=True, top_logprobs=3, max_tokens=4))
+    check(code == 200, f"logprobs {code} {body}")
+    for e in json.loads(body)["choices"][0]["logprobs"]["content"]:
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        check(len(tops) == 3 and e["token"] == e["top_logprobs"][0]["token"] and
+              abs(e["logprob"] - tops[0]) < 1e-6 and tops == sorted(tops, reverse=True) and
+              e["logprob"] <= 0, f"logprobs entry {e}")
     # Completions.
     code, body, _ = call("POST", "/v1/completions",
                          {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 4})

@@ -45,7 +45,9 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", "integer"},
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})",
        "'temperature'"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})", "'logprobs'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "needs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
+       "'top_logprobs'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": 1})", "'stream'"},
   };
   for (const auto& [body, needle] : cases) {
@@ -56,6 +58,15 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
         << body << " -> " << r.status().message();
   }
   EXPECT_FALSE(ParseApiRequest(R"({"prompt": ["a"]})", false, {}).ok());
+  EXPECT_NE(ParseApiRequest(R"({"prompt": "a", "logprobs": 21})", false, {})
+                .status()
+                .message()
+                .find("'logprobs'"),
+            std::string::npos);
+  auto lp = ParseApiRequest(R"({"prompt": "a", "logprobs": 0})", false, {});
+  ASSERT_TRUE(lp.ok());
+  EXPECT_TRUE(lp->logprobs);  // the sampled token's logprob, no alternatives
+  EXPECT_EQ(lp->top_logprobs, 0);
 }
 
 TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {

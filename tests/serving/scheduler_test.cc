@@ -246,6 +246,35 @@ TEST(Scheduler, RandomPreemptionHookNeverChangesOutputs) {
   h.ExpectNoLeaks();
 }
 
+TEST(Scheduler, LogprobsDescribeTheModelsDistribution) {
+  Harness h({.n_blocks = 16, .block_size = 4});
+  Request r;
+  r.prompt = Tokens(6, 9);
+  r.max_tokens = 5;
+  r.sampling.temperature = 0;
+  r.logprobs = 3;
+  Completion got;
+  int streamed = 0;
+  Callbacks cb;
+  cb.on_logprobs = [&](RequestId, const TokenLogprobs&) { ++streamed; };
+  cb.on_done = [&](const Completion& c) { got = c; };
+  ASSERT_TRUE(h.sched.Submit(r, cb).ok());
+  h.Drain();
+  ASSERT_EQ(got.logprobs.size(), got.tokens.size());
+  EXPECT_EQ(streamed, 5);
+  for (size_t i = 0; i < got.tokens.size(); ++i) {
+    const TokenLogprobs& lp = got.logprobs[i];
+    EXPECT_EQ(lp.token, got.tokens[i]);
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, lp.token);  // greedy: the most likely token
+    EXPECT_NEAR(lp.logprob, 0.0, 1e-6);    // the fake model is one-hot (+100 vs -100)
+    EXPECT_LE(lp.top[1].second, lp.top[0].second);
+  }
+  r.logprobs = 21;
+  EXPECT_EQ(h.sched.Submit(r, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  h.ExpectNoLeaks();
+}
+
 TEST(Scheduler, RejectsWhatCanNeverRunAndBoundsTheQueue) {
   Harness h({.n_blocks = 4, .block_size = 4, .max_context = 64, .max_waiting = 2});
   Request r;
