@@ -8,7 +8,12 @@ EngineLoop::EngineLoop(serving::ServingEngine& engine) : engine_(engine) { Publi
 
 void EngineLoop::Submit(serving::Request req, serving::Callbacks cb, Submitted submitted) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (exited_) {
+      lock.unlock();
+      submitted(absl::UnavailableError("server is shutting down"));
+      return;
+    }
     Command c;
     c.req = std::move(req);
     c.cb = std::move(cb);
@@ -65,6 +70,21 @@ void EngineLoop::Publish() {
 }
 
 absl::Status EngineLoop::Run() {
+  absl::Status s = RunSteps();
+  // Whatever is still queued gets its answer: nobody may wait on a loop that has stopped.
+  std::deque<Command> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exited_ = true;
+    left.swap(inbox_);
+  }
+  for (Command& c : left) {
+    if (c.submitted) c.submitted(absl::UnavailableError("server is shutting down"));
+  }
+  return s;
+}
+
+absl::Status EngineLoop::RunSteps() {
   serving::Scheduler& sched = engine_.scheduler();
   std::vector<serving::RequestId> live;
   for (;;) {

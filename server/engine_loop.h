@@ -42,7 +42,8 @@ class EngineLoop {
 
   // Runs until Stop(): waits for work, steps while any request is waiting or running. After
   // Stop(), requests already accepted run to completion until `drain_deadline` has passed, then
-  // the rest are cancelled; Run returns OK, or the first failed step's status.
+  // the rest are cancelled; Run returns OK, or the first failed step's status. Submissions that
+  // arrive once Run is returning are answered Unavailable (never left unanswered).
   absl::Status Run();
   void Stop(std::chrono::steady_clock::duration drain = std::chrono::seconds(25));
 
@@ -58,12 +59,14 @@ class EngineLoop {
     Submitted submitted;
   };
   void Publish();
+  absl::Status RunSteps();
 
   serving::ServingEngine& engine_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Command> inbox_;                          // guarded by mu_
-  bool stop_ = false;                                  // guarded by mu_
+  std::deque<Command> inbox_;  // guarded by mu_
+  bool stop_ = false;          // guarded by mu_
+  bool exited_ = false;        // guarded by mu_: Run has returned; Submit answers at once
   std::chrono::steady_clock::time_point deadline_;     // guarded by mu_
   EngineSnapshot snapshot_;                            // guarded by mu_
   serving::Histogram e2e_{serving::LatencyBuckets()};  // loop thread only

@@ -84,10 +84,12 @@ struct Session : std::enable_shared_from_this<Session> {
   // Raw writes (server-sent events): queued, one in flight.
   std::deque<std::string> out;
   bool writing = false, close_after_writes = false;
+  bool closed_ = false;
 
   Session(HttpServer::Impl& s, tcp::socket sock) : srv(s), stream(std::move(sock)) {}
 
   void Read() {
+    if (srv.shutting_down) return Close();
     parser.emplace();
     parser->body_limit(srv.opts.max_body_bytes);
     parser->header_limit(static_cast<std::uint32_t>(srv.opts.max_header_bytes));
@@ -135,15 +137,25 @@ struct Session : std::enable_shared_from_this<Session> {
   }
 
   void Close() {
+    if (closed_) return;
+    closed_ = true;
     beast::error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream.socket().close(ignored);
-    if (request && !cancelled) {
-      cancelled = true;
-      srv.loop.Cancel(*request);
-    }
+    if (request && !cancelled) srv.loop.Cancel(*request);
+    cancelled = true;  // a submission still in flight is cancelled when its id arrives
     std::lock_guard<std::mutex> lock(srv.sessions_mu);
     srv.sessions.erase(shared_from_this());
+  }
+
+  void WatchForHangUp() {
+    stream.socket().async_wait(tcp::socket::wait_read,
+                               [self = shared_from_this()](beast::error_code ec) {
+                                 if (ec || self->closed_ || !self->request) return;
+                                 beast::error_code e2;
+                                 // Readable with nothing to read: the peer closed.
+                                 if (self->stream.socket().available(e2) == 0 || e2) self->Close();
+                               });
   }
 
   // Raw bytes for a streamed response; the connection closes after the last one when asked.
@@ -330,6 +342,9 @@ struct Session : std::enable_shared_from_this<Session> {
                           self->srv.loop.Cancel(*got);
                           return;
                         }
+                        // No read is pending while a response is generated: watch the socket so
+                        // a client that hangs up stops its generation (and frees its KV blocks).
+                        self->WatchForHangUp();
                         if (api->stream) {
                           self->Send(
                               "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -345,7 +360,10 @@ void HttpServer::Impl::Accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
     if (ec) {
       if (ec == asio::error::operation_aborted || shutting_down) return;
-      return Accept();
+      // Out of descriptors (or similar): retry shortly instead of spinning.
+      auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
+      t->async_wait([this, t](beast::error_code) { Accept(); });
+      return;
     }
     auto s = std::make_shared<Session>(*this, std::move(sock));
     {

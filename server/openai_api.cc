@@ -100,8 +100,22 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
 
 }  // namespace
 
+namespace {
+absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimits& limits);
+}  // namespace
+
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
                                            const ApiLimits& limits) {
+  // Every access is type-checked; this only keeps a missed check from escaping as an exception.
+  try {
+    return Parse(body, chat, limits);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(StrCat("malformed request: ", e.what()));
+  }
+}
+
+namespace {
+absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimits& limits) {
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
@@ -132,7 +146,8 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
         content = c.get<std::string>();
       } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...]
         for (const json& part : c) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string() ||
+              part["type"].get<std::string>() != "text" || !part.contains("text") ||
               !part["text"].is_string()) {
             return Bad("messages", "content parts must be {\"type\": \"text\", \"text\": ...}");
           }
@@ -184,6 +199,7 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
   if (r.sampling.top_k < 0) r.sampling.top_k = 0;
   return r;
 }
+}  // namespace
 
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
                            const std::string& text, const std::string& finish_reason,

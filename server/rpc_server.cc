@@ -43,6 +43,38 @@ model::SamplingParams Sampling(const v1::SamplingParams& p) {
   return s;
 }
 
+// proto3 `string` fields must be valid UTF-8: invalid sequences (a token that splits a character
+// the wrong way, byte-fallback tokens) become U+FFFD.
+std::string ValidUtf8(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && n > 1) {  // no overlong forms, surrogates or values past U+10FFFF
+      uint32_t cp = c & (0xFF >> (n + 1));
+      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      ok = cp >= (n == 2   ? 0x80u
+                  : n == 3 ? 0x800u
+                           : 0x10000u) &&
+           cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 size_t CompleteUtf8(const std::string& s) {
   size_t keep = 0;
   for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
@@ -58,6 +90,8 @@ size_t CompleteUtf8(const std::string& s) {
 }  // namespace
 
 struct RpcConn;
+constexpr size_t kMaxQueuedBytes = 8 << 20;  // per connection, before reading pauses
+constexpr size_t kMaxSessions = 1024;
 
 struct RpcServer::Impl {
   RpcOptions opts;
@@ -71,6 +105,7 @@ struct RpcServer::Impl {
   bool shutting_down = false;                // io thread
   // Server-side sessions: their conversations (io thread only).
   std::map<std::string, std::vector<model::ChatMessage>> sessions;
+  std::set<std::string> busy_sessions;  // with a turn in flight (io thread)
 
   Impl(const RpcOptions& o, EngineLoop& l, const worker::Engine& e) : opts(o), loop(l), engine(e) {}
   void Accept();
@@ -88,6 +123,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   bool writing = false, close_after_writes = false;
   // Client request id -> engine request id (0 until the engine accepted it).
   std::map<uint64_t, serving::RequestId> live;
+  std::set<uint64_t> cancel_pending;  // cancelled before the engine accepted them
+  size_t out_bytes = 0;               // queued, not yet written
+  bool read_paused = false;           // the client is not reading its replies
 
   RpcConn(RpcServer::Impl& s, tcp::socket k)
       : srv(s),
@@ -98,35 +136,49 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   void Read() {
     sock.async_read_some(asio::buffer(rbuf),
                          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                           if (ec) return self->Close();
-                           self->decoder.Feed(self->rbuf, n);
-                           for (;;) {
-                             auto f = self->decoder.Next();
-                             if (!f.ok()) return self->Fail(0, f.status());
-                             if (!f->has_value()) break;
-                             self->Handle(**f);
-                             if (self->closed || self->close_after_writes) return;
-                           }
-                           self->Read();
+                           self->OnRead(ec, n);
                          });
+  }
+  void OnRead(boost::system::error_code ec, size_t n) {
+    if (ec) return Close();
+    decoder.Feed(rbuf, n);
+    for (;;) {
+      auto f = decoder.Next();
+      if (!f.ok()) return Fail(0, f.status());
+      if (!f->has_value()) break;
+      Handle(**f);
+      if (closed || close_after_writes) return;
+    }
+    // Back-pressure: a client that does not read its replies stops being read.
+    if (out_bytes > kMaxQueuedBytes) {
+      read_paused = true;
+      return;
+    }
+    Read();
   }
 
   void Send(const v1::Frame& f) {
     if (closed) return;
     out.push_back(EncodeFrame(f));
+    out_bytes += out.back().size();
     if (!writing) WriteNext();
   }
   void WriteNext() {
     if (out.empty()) {
       writing = false;
-      if (close_after_writes) Close();
+      if (close_after_writes || (srv.shutting_down && live.empty())) Close();
       return;
     }
     writing = true;
     asio::async_write(sock, asio::buffer(out.front()),
                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
                         if (ec) return self->Close();
+                        self->out_bytes -= self->out.front().size();
                         self->out.pop_front();
+                        if (self->read_paused && self->out_bytes < kMaxQueuedBytes / 4) {
+                          self->read_paused = false;
+                          self->Read();
+                        }
                         self->WriteNext();
                       });
   }
@@ -203,13 +255,22 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       }
       case v1::Frame::kCancel: {
         auto it = live.find(id);
-        if (it != live.end() && it->second != 0) srv.loop.Cancel(it->second);
+        if (it == live.end()) return;
+        if (it->second != 0) {
+          srv.loop.Cancel(it->second);
+        } else {
+          cancel_pending.insert(id);  // cancelled when the engine's id arrives
+        }
         return;
       }
       case v1::Frame::kSessionOpen: {
         const auto& o = f.session_open();
         if (o.session_id().empty())
           return Error(id, absl::InvalidArgumentError("session_id is empty"));
+        if (!srv.sessions.count(o.session_id()) && srv.sessions.size() >= kMaxSessions) {
+          return Error(id, absl::ResourceExhaustedError(
+                               StrCat("too many open sessions (", kMaxSessions, "); close some")));
+        }
         auto& msgs = srv.sessions[o.session_id()];
         msgs.clear();
         if (!o.system().empty()) msgs.push_back({"system", o.system()});
@@ -233,13 +294,20 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
           return Error(
               id, absl::NotFoundError(StrCat("no session '", a.session_id(), "' (open it first)")));
         }
-        it->second.push_back({"user", a.user()});
+        if (srv.busy_sessions.count(a.session_id())) {
+          return Error(id, absl::FailedPreconditionError(StrCat("session '", a.session_id(),
+                                                                "' already has a turn in flight")));
+        }
+        // The turn joins the conversation only once it has completed (see Generate).
         v1::GenerateRequest g;
         for (const auto& m : it->second) {
           auto* cm = g.add_messages();
           cm->set_role(m.role);
           cm->set_content(m.content);
         }
+        auto* um = g.add_messages();
+        um->set_role("user");
+        um->set_content(a.user());
         g.set_max_tokens(a.max_tokens());
         *g.mutable_sampling() = a.sampling();
         g.set_session_id(a.session_id());
@@ -290,6 +358,10 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     req.session_id = g.session_id();
     req.ignore_eos = g.ignore_eos();
     live[id] = 0;
+    if (!session.empty()) srv.busy_sessions.insert(session);
+    const std::string user_turn = session.empty() || g.messages_size() == 0
+                                      ? ""
+                                      : g.messages(g.messages_size() - 1).content();
     auto self = shared_from_this();
     auto pending = std::make_shared<std::string>();
     auto text = std::make_shared<std::string>();
@@ -303,20 +375,25 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         v1::Frame f;
         f.set_request_id(id);
         f.mutable_token()->set_id(t);
-        f.mutable_token()->set_text(pending->substr(0, n));
+        f.mutable_token()->set_text(ValidUtf8(pending->substr(0, n)));
         *text += pending->substr(0, n);
         pending->erase(0, n);
         self->Send(f);
       });
     };
-    cb.on_done = [self, id, pending, text, session, &io](const serving::Completion& c) {
-      asio::post(io, [self, id, pending, text, session, c] {
+    cb.on_done = [self, id, pending, text, session, user_turn, &io](const serving::Completion& c) {
+      asio::post(io, [self, id, pending, text, session, user_turn, c] {
         self->live.erase(id);
+        self->cancel_pending.erase(id);
+        if (!session.empty()) self->srv.busy_sessions.erase(session);
         if (!c.status.ok() && !absl::IsCancelled(c.status)) return self->Error(id, c.status);
         *text += *pending;
         if (!session.empty() && c.status.ok()) {
           auto it = self->srv.sessions.find(session);
-          if (it != self->srv.sessions.end()) it->second.push_back({"assistant", *text});
+          if (it != self->srv.sessions.end()) {
+            it->second.push_back({"user", user_turn});
+            it->second.push_back({"assistant", *text});
+          }
         }
         v1::Frame f;
         f.set_request_id(id);
@@ -324,7 +401,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         d->set_finish_reason(absl::IsCancelled(c.status) ? "cancelled"
                              : c.stop_reason == "eos"    ? "stop"
                                                          : c.stop_reason);
-        d->set_text(*text);
+        d->set_text(ValidUtf8(*text));
         d->set_prompt_tokens(c.prompt_tokens);
         d->set_completion_tokens(static_cast<int64_t>(c.tokens.size()));
         d->set_cached_tokens(c.cached_tokens);
@@ -333,15 +410,19 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       });
     };
     srv.loop.Submit(std::move(req), std::move(cb),
-                    [self, id, &io](absl::StatusOr<serving::RequestId> got) {
-                      asio::post(io, [self, id, got] {
+                    [self, id, session, &io](absl::StatusOr<serving::RequestId> got) {
+                      asio::post(io, [self, id, session, got] {
                         if (!got.ok()) {
                           self->live.erase(id);
+                          self->cancel_pending.erase(id);
+                          if (!session.empty()) self->srv.busy_sessions.erase(session);
                           return self->Error(id, got.status());
                         }
                         auto it = self->live.find(id);
                         if (it != self->live.end()) it->second = *got;
-                        if (self->closed) self->srv.loop.Cancel(*got);
+                        if (self->closed || self->cancel_pending.erase(id) > 0) {
+                          self->srv.loop.Cancel(*got);
+                        }
                       });
                     });
   }
@@ -378,7 +459,10 @@ void RpcServer::Impl::Accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
     if (ec) {
       if (ec == asio::error::operation_aborted || shutting_down) return;
-      return Accept();
+      // Out of descriptors (or similar): retry shortly instead of spinning.
+      auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
+      t->async_wait([this, t](boost::system::error_code) { Accept(); });
+      return;
     }
     auto c = std::make_shared<RpcConn>(*this, std::move(sock));
     {

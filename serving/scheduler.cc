@@ -74,7 +74,8 @@ Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
       itl_(LatencyBuckets()),
       preempt_rng_(opts.preempt_seed) {}
 
-Scheduler::~Scheduler() = default;
+// Every accepted request hears its end, even when the engine goes away first.
+Scheduler::~Scheduler() { CancelAll(); }
 
 absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   auto reject = [&](absl::Status s) {
@@ -437,7 +438,12 @@ absl::Status Scheduler::Step() {
   ++stats_.steps;
   logits_.resize(plan.n_logits() * opts_.n_vocab);
   if (absl::Status s = runner_(plan, logits_); !s.ok()) {
-    for (const Scheduled& sc : scheduled) Finish(*sc.seq, s, "error");
+    // Callbacks may cancel other requests of this step: finish by id, skipping any already gone.
+    std::vector<RequestId> ids;
+    for (const Scheduled& sc : scheduled) ids.push_back(sc.seq->id);
+    for (RequestId id : ids) {
+      if (auto it = seqs_.find(id); it != seqs_.end()) Finish(*it->second, s, "error");
+    }
     return s;
   }
   const auto now = Clock::now();

@@ -42,7 +42,11 @@ absl::StatusOr<Completion> ServingEngine::Generate(Request req,
   auto id = scheduler_->Submit(std::move(req), std::move(cb));
   if (!id.ok()) return id.status();
   while (!result) {
-    if (auto s = scheduler_->Step(); !s.ok()) return s;
+    if (auto s = scheduler_->Step(); !s.ok()) {
+      // Not scheduled in the failed step: end it now, while `result` and `on_token` live.
+      scheduler_->Cancel(*id);
+      return s;
+    }
   }
   return *result;
 }

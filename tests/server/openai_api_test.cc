@@ -40,6 +40,7 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
       {R"({"messages": "hi"})", "'messages'"},
       {R"({"messages": [{"role": "bot", "content": "x"}]})", "role 'bot'"},
       {R"({"messages": [{"role": "user", "content": 3}]})", "content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})", "content parts"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "'n'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})", "'max_tokens'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", "integer"},
