@@ -147,7 +147,7 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
   if (f.Has("test-preempt")) {
     auto p = f.Float("test-preempt", 0, 0, 1);
     if (!p.ok()) return Fail(p.status());
-    se.scheduler().SetPreemptProbabilityForTesting(*p);
+    se.SetPreemptProbabilityForTesting(*p);
   }
   std::vector<serving::Completion> done(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -179,12 +179,17 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
     j["text"] = se.Text(c.tokens);
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   }
-  const auto st = se.scheduler().stats();
+  const auto st = se.stats();
+  if (se.replicas() > 1) {
+    std::cerr << "kvmesh: requests per data-parallel replica:";
+    for (int r = 0; r < se.replicas(); ++r) std::cerr << " " << se.scheduler(r).stats().submitted;
+    std::cerr << "\n";
+  }
   std::cerr << "kvmesh: " << done.size() << " requests in " << st.steps << " steps; prefix cache "
             << st.prefix_hit_tokens << "/" << st.prefix_query_tokens << " prompt tokens; "
             << st.preemptions << " preemptions; KV blocks " << st.blocks_used << " used, "
             << st.blocks_cached << " cached, " << st.blocks_total << " total; TTFT p50 "
-            << se.scheduler().ttft_seconds().Quantile(0.5) * 1e3 << " ms\n";
+            << se.ttft_seconds().Quantile(0.5) * 1e3 << " ms\n";
   return 0;
 }
 

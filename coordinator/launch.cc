@@ -30,8 +30,10 @@ std::string ModelPath(const Flags& f) {
 
 Launch::~Launch() {
   serving.reset();
+  remotes.clear();
   engine.reset();
   tp_comm.reset();  // communicators go before MPI_Finalize
+  replica_comm.reset();
   world_comm.reset();
 }
 
@@ -62,9 +64,9 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 }  // namespace
 
 const std::set<std::string>& LaunchFlagNames() {
-  static const std::set<std::string> names = {"threads",  "ctx-size",           "tp",
-                                              "pp",       "kv-cache-mem",       "block-size",
-                                              "max-seqs", "max-batched-tokens", "max-waiting"};
+  static const std::set<std::string> names = {
+      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem", "block-size",
+      "max-seqs", "max-batched-tokens", "max-waiting", "dp"};
   return names;
 }
 
@@ -77,6 +79,8 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!tp.ok()) return tp.status();
   auto pp = f.Int("pp", 1, 1, 4096);
   if (!pp.ok()) return pp.status();
+  auto dp = f.Int("dp", 1, 1, 255);
+  if (!dp.ok()) return dp.status();
   auto kv_mem = f.Int("kv-cache-mem", 512, 1, int64_t{1} << 20);
   if (!kv_mem.ok()) return kv_mem.status();
   auto block_size = f.Int("block-size", 16, 1, 1024);
@@ -89,21 +93,29 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_waiting.ok()) return max_waiting.status();
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
-  if (*tp * *pp > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
+  l.dp = static_cast<int>(*dp);
+  const int64_t per_replica = *tp * *pp;
+  if (*dp * per_replica > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
     auto mpi = comm::MpiRuntime::Init(nullptr, nullptr);
     if (!mpi.ok()) return mpi.status();
     l.mpi = std::move(*mpi);
     l.rank = l.mpi->world_rank();
     l.world = l.mpi->world_size();
-    if (l.world != *tp * *pp) {
-      return absl::InvalidArgumentError(StrCat("world size ", l.world,
-                                               " does not match dp x pp x tp = 1 x ", *pp, " x ",
-                                               *tp, " (launch with mpirun -np ", *tp * *pp, ")"));
+    if (l.world != *dp * per_replica) {
+      return absl::InvalidArgumentError(
+          StrCat("world size ", l.world, " does not match dp x pp x tp = ", *dp, " x ", *pp, " x ",
+                 *tp, " (launch with mpirun -np ", *dp * per_replica, ")"));
     }
-    // TP groups are the ranks of one stage; the world carries steps and stage-to-stage sends.
+    // Replica r is world ranks [r * pp * tp, (r + 1) * pp * tp). TP groups are the ranks of one
+    // stage of one replica; the replica's communicator carries its steps and stage-to-stage
+    // sends; the world carries the coordinator's plans to the other replicas' leaders.
     auto tp_comm = comm::CreateMpiCommunicator(l.rank / l.tp, l.rank % l.tp);
     if (!tp_comm.ok()) return tp_comm.status();
     l.tp_comm = std::move(*tp_comm);
+    auto replica_comm = comm::CreateMpiCommunicator(static_cast<int>(l.rank / per_replica),
+                                                    static_cast<int>(l.rank % per_replica));
+    if (!replica_comm.ok()) return replica_comm.status();
+    l.replica_comm = std::move(*replica_comm);
     auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
     if (!world_comm.ok()) return world_comm.status();
     l.world_comm = std::move(*world_comm);
@@ -113,7 +125,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   o.threads = static_cast<int>(*threads);
   o.ctx_size = *ctx;
   o.tp_comm = l.tp_comm.get();
-  o.world_comm = l.world_comm.get();
+  o.world_comm = l.replica_comm.get();
   o.pp = l.pp;
   o.kv_cache_bytes = *kv_mem << 20;
   o.block_size = static_cast<int32_t>(*block_size);
@@ -124,23 +136,31 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   }
   if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
   l.engine = std::move(*e);
-  if (l.engine->is_leader()) {
+  if (l.rank == 0) {
+    for (int r = 1; r < l.dp; ++r) {
+      l.remotes.push_back(std::make_unique<worker::RemoteReplica>(
+          l.world_comm.get(), static_cast<int>(r * per_replica),
+          l.engine->model().config().n_vocab));
+    }
+    std::vector<worker::RemoteReplica*> remotes;
+    for (auto& r : l.remotes) remotes.push_back(r.get());
     serving::ServingOptions so;
     so.max_seqs = static_cast<int32_t>(*max_seqs);
     so.max_batched_tokens = static_cast<int32_t>(*max_batched);
     so.max_waiting = static_cast<int32_t>(*max_waiting);
     so.prefix_caching = !f.Has("no-prefix-reuse");
-    l.serving = std::make_unique<serving::ServingEngine>(*l.engine, so);
+    l.serving = std::make_unique<serving::ServingEngine>(*l.engine, so, remotes);
   }
   if (f.Has("print-plan") && l.rank == 0) {
     const auto& m = l.engine->model();
-    std::cerr << "kvmesh: plan: world " << l.world << " = dp 1 x pp " << l.pp << " x tp " << l.tp
-              << "; rank 0 coordinates and is TP rank 0 of stage 0\n";
+    std::cerr << "kvmesh: plan: world " << l.world << " = dp " << l.dp << " x pp " << l.pp
+              << " x tp " << l.tp << "; rank 0 coordinates and is TP rank 0 of stage 0\n";
     for (int r = 0; r < l.world; ++r) {
-      const auto st = model::MakePipelineStage(m.config(), r / l.tp, l.pp);
+      const int local = r % (l.pp * l.tp);
+      const auto st = model::MakePipelineStage(m.config(), local / l.tp, l.pp);
       if (!st.ok()) continue;
-      std::cerr << "kvmesh: plan: rank " << r << ": stage " << st->stage << " layers ["
-                << st->layer_begin << "," << st->layer_end << "), "
+      std::cerr << "kvmesh: plan: rank " << r << ": replica " << r / (l.pp * l.tp) << " stage "
+                << st->stage << " layers [" << st->layer_begin << "," << st->layer_end << "), "
                 << model::MakeTpShard(m, r % l.tp, l.tp)->Describe() << "\n";
     }
   }
@@ -148,10 +168,15 @@ absl::Status SetUp(const Flags& f, Launch& l) {
 }
 
 int RunLaunched(Launch& l, const std::function<int()>& leader) {
-  if (l.engine->is_leader()) {
+  if (l.rank == 0) {
     const int rc = leader();
+    if (auto s = l.serving->StopReplicas(); !s.ok()) return Fail(s);
     if (auto s = l.engine->StopFollowers(); !s.ok()) return Fail(s);
     return rc;
+  }
+  if (l.engine->is_leader()) {  // the leader of another data-parallel replica
+    if (auto s = worker::ServeReplica(*l.engine, l.world_comm.get(), 0); !s.ok()) return Fail(s);
+    return 0;
   }
   if (auto s = l.engine->ServeFollower(); !s.ok()) return Fail(s);
   return 0;

@@ -1,12 +1,14 @@
 // How a kvmesh process takes its place in a run: alone, or as one rank of
-// `mpirun -np K kvmesh ...` (world = dp x pp x tp, dp = 1 for now; world rank r is TP rank
-// r % tp of pipeline stage r / tp; rank 0 is the coordinator and TP rank 0 of stage 0).
+// `mpirun -np K kvmesh ...` (world = dp x pp x tp; data-parallel replica d is world ranks
+// [d * pp * tp, (d + 1) * pp * tp), and within it local rank q is TP rank q % tp of stage
+// q / tp; rank 0 is the coordinator and the leader of replica 0).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -27,10 +29,11 @@ std::string ModelPath(const Flags& f);
 
 struct Launch {
   std::unique_ptr<comm::MpiRuntime> mpi;
-  std::unique_ptr<comm::Communicator> tp_comm, world_comm;
+  std::unique_ptr<comm::Communicator> tp_comm, replica_comm, world_comm;
   std::unique_ptr<worker::Engine> engine;
-  std::unique_ptr<serving::ServingEngine> serving;  // the leader's (rank 0) only
-  int rank = 0, world = 1, tp = 1, pp = 1;
+  std::vector<std::unique_ptr<worker::RemoteReplica>> remotes;  // rank 0: replicas 1..dp-1
+  std::unique_ptr<serving::ServingEngine> serving;              // the coordinator's (rank 0) only
+  int rank = 0, world = 1, tp = 1, pp = 1, dp = 1;
   ~Launch();
 };
 

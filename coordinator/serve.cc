@@ -71,6 +71,7 @@ int Serve(int argc, char** argv) {
       ro.world = launch.world;
       ro.tp = launch.tp;
       ro.pp = launch.pp;
+      ro.dp = launch.dp;
       ro.model_name = ho.model_name;
       auto r = server::RpcServer::Start(ro, loop, *launch.engine);
       if (!r.ok()) return Fail(r.status());
@@ -79,9 +80,9 @@ int Serve(int argc, char** argv) {
                 << std::endl;
     }
     std::cerr << "kvmesh: serving " << ho.model_name << " on http://" << ho.host << ":"
-              << (*http)->port() << " (world " << launch.world << ", tp " << launch.tp << ", pp "
-              << launch.pp << ", " << launch.engine->n_blocks() << " KV blocks of "
-              << launch.engine->block_size() << " tokens)" << std::endl;
+              << (*http)->port() << " (world " << launch.world << ", dp " << launch.dp << ", tp "
+              << launch.tp << ", pp " << launch.pp << ", " << launch.engine->n_blocks()
+              << " KV blocks of " << launch.engine->block_size() << " tokens)" << std::endl;
     const absl::Status s = loop.Run();
     (*http)->Shutdown();
     if (rpc) rpc->Shutdown();

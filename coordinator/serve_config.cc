@@ -34,7 +34,7 @@ const std::map<std::string, Key>& Keys() {
       {"kv_cache_mem", {"kv-cache-mem", Kind::kInt}},
       {"tensor_parallel_size", {"tp", Kind::kInt}},
       {"pipeline_parallel_size", {"pp", Kind::kInt}},
-      {"data_parallel_size", {"", Kind::kInt}},
+      {"data_parallel_size", {"dp", Kind::kInt}},
       {"threads", {"threads", Kind::kInt}},
       {"max_body_bytes", {"max-body-bytes", Kind::kInt}},
   };
@@ -71,13 +71,6 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
         if (!YAML::convert<int64_t>::decode(v, n)) {
           return absl::InvalidArgumentError(
               StrCat("--config '", path, "': '", name, "' must be an integer"));
-        }
-        if (name == "data_parallel_size") {
-          if (n != 1) {
-            return absl::InvalidArgumentError(StrCat("--config '", path, "': data_parallel_size ",
-                                                     n, " is not supported yet (1)"));
-          }
-          continue;
         }
         out[key.flag] = std::to_string(n);
       } else if (key.kind == Kind::kBool) {

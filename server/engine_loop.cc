@@ -60,9 +60,9 @@ EngineSnapshot EngineLoop::Snapshot() const {
 
 void EngineLoop::Publish() {
   EngineSnapshot s;
-  s.stats = engine_.scheduler().stats();
-  s.ttft = engine_.scheduler().ttft_seconds();
-  s.itl = engine_.scheduler().itl_seconds();
+  s.stats = engine_.stats();
+  s.ttft = engine_.ttft_seconds();
+  s.itl = engine_.itl_seconds();
   s.e2e = e2e_;
   std::lock_guard<std::mutex> lock(mu_);
   s.stopping = stop_;
@@ -85,7 +85,7 @@ absl::Status EngineLoop::Run() {
 }
 
 absl::Status EngineLoop::RunSteps() {
-  serving::Scheduler& sched = engine_.scheduler();
+  serving::ServingEngine& sched = engine_;
   std::vector<serving::RequestId> live;
   for (;;) {
     std::deque<Command> commands;

@@ -431,7 +431,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
 v1::ClusterStatus RpcServer::Impl::Status() const {
   v1::ClusterStatus s;
   s.set_world(opts.world);
-  s.set_dp(1);
+  s.set_dp(opts.dp);
   s.set_pp(opts.pp);
   s.set_tp(opts.tp);
   s.set_model(opts.model_name);
@@ -440,8 +440,9 @@ v1::ClusterStatus RpcServer::Impl::Status() const {
   for (int r = 0; r < opts.world; ++r) {
     v1::RankInfo* ri = s.add_ranks();
     ri->set_rank(r);
-    ri->set_role(r == 0 ? "coordinator+worker" : "worker");
-    const auto st = model::MakePipelineStage(m.config(), r / opts.tp, opts.pp);
+    const int local = r % (opts.pp * opts.tp);
+    ri->set_role(r == 0 ? "coordinator+worker" : local == 0 ? "replica-leader+worker" : "worker");
+    const auto st = model::MakePipelineStage(m.config(), local / opts.tp, opts.pp);
     if (st.ok()) {
       ri->set_stage(st->stage);
       ri->set_layer_begin(static_cast<int32_t>(st->layer_begin));

@@ -24,7 +24,7 @@ struct RpcOptions {
   size_t max_frame_bytes = 4 << 20;
   int max_in_flight = 64;
   // The layout for ClusterStatus.
-  int world = 1, tp = 1, pp = 1;
+  int world = 1, tp = 1, pp = 1, dp = 1;
   std::string model_name = "smollm2-135m-instruct";
 };
 

@@ -16,6 +16,13 @@ void Histogram::Observe(double v) {
   sum_ += v;
 }
 
+void Histogram::Merge(const Histogram& other) {
+  for (size_t i = 0; i < counts_.size() && i < other.counts_.size(); ++i)
+    counts_[i] += other.counts_[i];
+  count_ += other.count_;
+  sum_ += other.sum_;
+}
+
 double Histogram::Quantile(double q) const {
   if (count_ == 0) return 0;
   const double rank = std::clamp(q, 0.0, 1.0) * static_cast<double>(count_);

@@ -13,6 +13,8 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void Observe(double v);
+  // Adds another histogram's observations (same buckets).
+  void Merge(const Histogram& other);
 
   const std::vector<double>& upper_bounds() const { return bounds_; }
   // Observations in bucket i: (bounds[i-1], bounds[i]]; one more bucket for > bounds.back().

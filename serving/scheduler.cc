@@ -383,6 +383,16 @@ void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reas
 }
 
 absl::Status Scheduler::Step() {
+  worker::StepPlan plan;
+  if (!BeginStep(plan)) return absl::OkStatus();
+  logits_.resize(plan.n_logits() * opts_.n_vocab);
+  const absl::Status s = runner_(plan, logits_);
+  return FinishStep(s, logits_);
+}
+
+bool Scheduler::BeginStep(worker::StepPlan& plan) {
+  plan = worker::StepPlan();
+  scheduled_.clear();
   // Test hook: a random preemption must never change what a sequence generates.
   if (opts_.preempt_probability > 0 && !running_.empty() &&
       std::uniform_real_distribution<double>(0, 1)(preempt_rng_) < opts_.preempt_probability) {
@@ -410,11 +420,10 @@ absl::Status Scheduler::Step() {
     it = waiting_.erase(it);
     Start(s);
   }
-  if (running_.empty()) return absl::OkStatus();
+  if (running_.empty()) return false;
 
   // Oldest first: decode tokens and prefill chunks share the token budget.
-  worker::StepPlan plan;
-  std::vector<Scheduled> scheduled;
+  std::vector<Scheduled>& scheduled = scheduled_;
   int64_t budget = opts_.max_batched_tokens;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
@@ -434,10 +443,15 @@ absl::Status Scheduler::Step() {
   }
   // Sequences preempted after being scheduled cannot exist: victims come from the back of the
   // batch, beyond every scheduled sequence.
-  if (plan.seqs.empty()) return absl::OkStatus();
+  if (plan.seqs.empty()) return false;
   ++stats_.steps;
-  logits_.resize(plan.n_logits() * opts_.n_vocab);
-  if (absl::Status s = runner_(plan, logits_); !s.ok()) {
+  return true;
+}
+
+absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<const float> all_logits) {
+  std::vector<Scheduled> scheduled;
+  scheduled.swap(scheduled_);
+  if (!s.ok()) {
     // Callbacks may cancel other requests of this step: finish by id, skipping any already gone.
     std::vector<RequestId> ids;
     for (const Scheduled& sc : scheduled) ids.push_back(sc.seq->id);
@@ -456,7 +470,10 @@ absl::Status Scheduler::Step() {
     s.computed += sc.chunk;
     NameFullBlocks(s);
     if (s.computed != static_cast<int64_t>(s.tokens.size())) continue;  // prefill continues
-    std::span<float> logits(logits_.data() + row++ * opts_.n_vocab, opts_.n_vocab);
+    logits_row_.assign(all_logits.begin() + row * opts_.n_vocab,
+                       all_logits.begin() + (row + 1) * opts_.n_vocab);
+    ++row;
+    std::span<float> logits(logits_row_);
     if (s.req.return_logits && s.generated() == 0 && s.done.first_logits.empty()) {
       s.done.first_logits.assign(logits.begin(), logits.end());
     }
@@ -494,6 +511,19 @@ absl::Status Scheduler::Step() {
   cancels.swap(deferred_cancels_);
   for (RequestId id : cancels) Cancel(id);
   return absl::OkStatus();
+}
+
+int64_t Scheduler::CachedPrefixTokens(const std::vector<int32_t>& prompt) const {
+  if (!opts_.prefix_caching) return 0;
+  const int64_t bs = opts_.block_size;
+  kvstore::BlockHash parent = salt_;
+  int64_t n = 0;
+  while ((n + 1) * bs <= static_cast<int64_t>(prompt.size()) - 1) {
+    parent = kvstore::ChainHash(parent, std::span(prompt).subspan(n * bs, bs));
+    if (!blocks_.Find(parent)) break;
+    ++n;
+  }
+  return n * bs;
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -133,9 +133,16 @@ class Scheduler {
   // Plans and runs one step. OK and nothing done when idle. If the runner fails, every sequence
   // of the step completes with that error and it is returned (Unavailable: a rank is gone).
   absl::Status Step();
+  // Step in two phases, for a caller that runs several schedulers' plans at once: BeginStep
+  // plans (false: nothing to run), the caller runs the plan, FinishStep takes its status and
+  // logits (plan.n_logits() rows). Step() == BeginStep + runner + FinishStep.
+  bool BeginStep(worker::StepPlan& plan);
+  absl::Status FinishStep(const absl::Status& run_status, std::span<const float> logits);
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
   SchedulerStats stats() const;
+  // Prompt tokens of `prompt` whose blocks this scheduler has cached (for routing).
+  int64_t CachedPrefixTokens(const std::vector<int32_t>& prompt) const;
   const Histogram& ttft_seconds() const { return ttft_; }
   const Histogram& itl_seconds() const { return itl_; }
   const kvstore::BlockManager& blocks() const { return blocks_; }
@@ -183,8 +190,11 @@ class Scheduler {
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
-  std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
-  bool in_step_ = false;           // sampling: callbacks are running
+  std::vector<float> raw_logits_;
+  std::vector<float> logits_row_;     // the row being sampled (the sampler edits it)
+  std::vector<Scheduled> scheduled_;  // between BeginStep and FinishStep  // a sampled row before
+                                      // the sampler adjusts it (logprobs)
+  bool in_step_ = false;              // sampling: callbacks are running
   std::vector<RequestId> deferred_cancels_;  // Cancel() calls made from callbacks
 };
 

@@ -2,9 +2,14 @@
 
 #include <optional>
 
+#include "kvstore/block_hash.h"
+#include "util/str_cat.h"
+
 namespace kvmesh::serving {
 
-ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts) : engine_(engine) {
+ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
+                             std::vector<worker::RemoteReplica*> remotes)
+    : engine_(engine), remotes_(std::move(remotes)) {
   SchedulerOptions so;
   so.n_blocks = engine.n_blocks();
   so.block_size = engine.block_size();
@@ -20,15 +25,182 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts)
   so.preempt_seed = opts.preempt_seed;
   const model::Tokenizer* tok = &engine.tokenizer();
   so.is_end_of_generation = [tok](int32_t t) { return tok->IsEndOfGeneration(t); };
-  scheduler_ = std::make_unique<Scheduler>(
+  // Replica 0 runs here; the runners of remote replicas are never called (Step drives them).
+  schedulers_.push_back(std::make_unique<Scheduler>(
       so, [&engine](const worker::StepPlan& plan, std::span<float> logits) {
         return engine.Step(plan, logits);
-      });
+      }));
+  for (size_t r = 0; r < remotes_.size(); ++r) {
+    so.preempt_seed = opts.preempt_seed + r + 1;
+    worker::RemoteReplica* remote = remotes_[r];
+    schedulers_.push_back(std::make_unique<Scheduler>(
+        so, [remote](const worker::StepPlan& plan, std::span<float> logits) {
+          if (auto s = remote->Send(plan); !s.ok()) return s;
+          return remote->Receive(logits);
+        }));
+  }
+  remote_logits_.resize(schedulers_.size());
+}
+
+int ServingEngine::Route(const Request& req) const {
+  if (schedulers_.size() == 1) return 0;
+  if (!req.session_id.empty()) {
+    if (auto it = session_replica_.find(req.session_id); it != session_replica_.end()) {
+      return it->second;
+    }
+  }
+  int best = 0;
+  int64_t best_cached = -1, best_load = 0;
+  for (int r = 0; r < replicas(); ++r) {
+    const int64_t cached = schedulers_[r]->CachedPrefixTokens(req.prompt);
+    const auto st = schedulers_[r]->stats();
+    const int64_t load = st.running + st.waiting;
+    if (cached > best_cached || (cached == best_cached && load < best_load)) {
+      best = r;
+      best_cached = cached;
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {
+  const int r = Route(req);
+  const std::string session = req.session_id;
+  // Callbacks see global ids.
+  Callbacks wrapped;
+  if (cb.on_token) {
+    wrapped.on_token = [r, f = cb.on_token](RequestId id, int32_t t) {
+      f(id << kReplicaBits | r, t);
+    };
+  }
+  if (cb.on_logprobs) {
+    wrapped.on_logprobs = [r, f = cb.on_logprobs](RequestId id, const TokenLogprobs& l) {
+      f(id << kReplicaBits | r, l);
+    };
+  }
+  wrapped.on_done = [r, f = std::move(cb.on_done)](const Completion& c) {
+    if (!f) return;
+    Completion g = c;
+    g.id = c.id << kReplicaBits | r;
+    f(g);
+  };
+  auto id = schedulers_[r]->Submit(std::move(req), std::move(wrapped));
+  if (!id.ok()) return id.status();
+  if (!session.empty()) session_replica_[session] = r;
+  return *id << kReplicaBits | static_cast<RequestId>(r);
+}
+
+bool ServingEngine::Cancel(RequestId id) {
+  const int r = static_cast<int>(id & ((1u << kReplicaBits) - 1));
+  if (r >= replicas()) return false;
+  return schedulers_[r]->Cancel(id >> kReplicaBits);
+}
+
+absl::Status ServingEngine::Step() {
+  if (schedulers_.size() == 1) return schedulers_[0]->Step();
+  // Remote replicas first (their plans go out; they compute while replica 0 does), then
+  // replica 0 here, then the remote logits.
+  std::vector<worker::StepPlan> plans(schedulers_.size());
+  std::vector<bool> active(schedulers_.size(), false);
+  std::vector<absl::Status> sent(schedulers_.size());
+  for (size_t r = 1; r < schedulers_.size(); ++r) {
+    active[r] = schedulers_[r]->BeginStep(plans[r]);
+    if (active[r]) sent[r] = remotes_[r - 1]->Send(plans[r]);
+  }
+  absl::Status first;
+  if (worker::StepPlan plan; schedulers_[0]->BeginStep(plan)) {
+    logits_.resize(plan.n_logits() * engine_.model().config().n_vocab);
+    const absl::Status s = engine_.Step(plan, logits_);
+    if (auto f = schedulers_[0]->FinishStep(s, logits_); !f.ok() && first.ok()) first = f;
+  }
+  for (size_t r = 1; r < schedulers_.size(); ++r) {
+    if (!active[r]) continue;
+    remote_logits_[r].resize(plans[r].n_logits() * engine_.model().config().n_vocab);
+    absl::Status s = sent[r];
+    if (s.ok()) s = remotes_[r - 1]->Receive(remote_logits_[r]);
+    if (auto f = schedulers_[r]->FinishStep(s, remote_logits_[r]); !f.ok() && first.ok()) first = f;
+  }
+  return first;
+}
+
+bool ServingEngine::idle() const {
+  for (const auto& s : schedulers_) {
+    if (!s->idle()) return false;
+  }
+  return true;
+}
+
+void ServingEngine::CancelAll() {
+  for (auto& s : schedulers_) s->CancelAll();
+}
+
+bool ServingEngine::DropSession(const std::string& session_id) {
+  bool any = false;
+  for (auto& s : schedulers_) any |= s->DropSession(session_id);
+  session_replica_.erase(session_id);
+  return any;
+}
+
+void ServingEngine::DropSessions() {
+  for (auto& s : schedulers_) s->DropSessions();
+  session_replica_.clear();
+}
+
+void ServingEngine::SetPreemptProbabilityForTesting(double p) {
+  for (auto& s : schedulers_) s->SetPreemptProbabilityForTesting(p);
+}
+
+SchedulerStats ServingEngine::stats() const {
+  SchedulerStats t;
+  for (const auto& sc : schedulers_) {
+    const SchedulerStats s = sc->stats();
+    t.prefix_query_tokens += s.prefix_query_tokens;
+    t.prefix_hit_tokens += s.prefix_hit_tokens;
+    t.blocks_total += s.blocks_total;
+    t.blocks_used += s.blocks_used;
+    t.blocks_cached += s.blocks_cached;
+    t.blocks_free += s.blocks_free;
+    t.evictions += s.evictions;
+    t.preemptions += s.preemptions;
+    t.steps = std::max(t.steps, s.steps);
+    t.submitted += s.submitted;
+    t.finished += s.finished;
+    t.rejected += s.rejected;
+    t.cancelled += s.cancelled;
+    t.failed += s.failed;
+    t.prompt_tokens_computed += s.prompt_tokens_computed;
+    t.generated_tokens += s.generated_tokens;
+    t.running += s.running;
+    t.waiting += s.waiting;
+    t.sessions += s.sessions;
+  }
+  return t;
+}
+
+Histogram ServingEngine::ttft_seconds() const {
+  Histogram h = schedulers_[0]->ttft_seconds();
+  for (size_t r = 1; r < schedulers_.size(); ++r) h.Merge(schedulers_[r]->ttft_seconds());
+  return h;
+}
+
+Histogram ServingEngine::itl_seconds() const {
+  Histogram h = schedulers_[0]->itl_seconds();
+  for (size_t r = 1; r < schedulers_.size(); ++r) h.Merge(schedulers_[r]->itl_seconds());
+  return h;
+}
+
+absl::Status ServingEngine::StopReplicas() {
+  absl::Status first;
+  for (auto* r : remotes_) {
+    if (auto s = r->Stop(); !s.ok() && first.ok()) first = s;
+  }
+  return first;
 }
 
 absl::Status ServingEngine::RunUntilIdle() {
-  while (!scheduler_->idle()) {
-    if (auto s = scheduler_->Step(); !s.ok()) return s;
+  while (!idle()) {
+    if (auto s = Step(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -39,12 +211,12 @@ absl::StatusOr<Completion> ServingEngine::Generate(Request req,
   Callbacks cb;
   if (on_token) cb.on_token = [&on_token](RequestId, int32_t t) { on_token(t); };
   cb.on_done = [&result](const Completion& c) { result = c; };
-  auto id = scheduler_->Submit(std::move(req), std::move(cb));
+  auto id = Submit(std::move(req), std::move(cb));
   if (!id.ok()) return id.status();
   while (!result) {
-    if (auto s = scheduler_->Step(); !s.ok()) {
+    if (auto s = Step(); !s.ok()) {
       // Not scheduled in the failed step: end it now, while `result` and `on_token` live.
-      scheduler_->Cancel(*id);
+      Cancel(*id);
       return s;
     }
   }

@@ -1,8 +1,16 @@
-// The serving engine inside the leader process: the rank's worker::Engine plus the scheduler,
-// with text and chat front ends. This is the API the RPC and HTTP servers put on the network.
+// The serving engine inside the leader process: the rank's worker::Engine plus one scheduler per
+// data-parallel replica, with text and chat front ends. This is the API the RPC and HTTP servers
+// put on the network.
+//
+// Data parallelism: replica 0 runs on this process's engine (and its TP/PP group); replicas
+// r > 0 are remote (worker::RemoteReplica). A request goes to the replica holding the longest
+// cached prefix of its prompt (ties: the least loaded); a session stays on its replica. Each
+// step sends the remote replicas' plans first, runs replica 0's, then collects the remote logits,
+// so replicas compute at the same time.
 //
 // Submit/Cancel/Step are single-threaded (the caller drives Step, or Generate drives it until
-// its request is done). Followers (world rank > 0) only run Engine::ServeFollower.
+// its request is done). Followers (world rank > 0) only run Engine::ServeFollower or
+// worker::ServeReplica.
 #pragma once
 
 #include <functional>
@@ -10,16 +18,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "serving/scheduler.h"
 #include "worker/engine.h"
+#include "worker/replica_link.h"
 
 namespace kvmesh::serving {
 
 struct ServingOptions {
-  int32_t max_seqs = 16;
+  int32_t max_seqs = 16;  // per replica
   int32_t max_batched_tokens = 512;
-  int32_t max_waiting = 1024;
+  int32_t max_waiting = 1024;  // per replica
   int32_t max_sessions = 256;
   bool prefix_caching = true;
   double preempt_probability = 0;  // test hook (see SchedulerOptions)
@@ -28,20 +38,33 @@ struct ServingOptions {
 
 class ServingEngine {
  public:
-  // `engine` must be the leader's (world rank 0). Not owned; must outlive this object.
-  ServingEngine(worker::Engine& engine, const ServingOptions& opts);
+  // `engine` must be the leader's (world rank 0); `remotes` are replicas 1.. (none: dp = 1).
+  // Not owned; must outlive this object.
+  ServingEngine(worker::Engine& engine, const ServingOptions& opts,
+                std::vector<worker::RemoteReplica*> remotes = {});
 
   worker::Engine& engine() { return engine_; }
-  Scheduler& scheduler() { return *scheduler_; }
+  int replicas() const { return static_cast<int>(schedulers_.size()); }
+  // Replica r's scheduler (tests, per-replica introspection).
+  Scheduler& scheduler(int r = 0) { return *schedulers_[r]; }
 
-  // See Scheduler::Submit / Cancel / Step.
-  absl::StatusOr<RequestId> Submit(Request req, Callbacks cb) {
-    return scheduler_->Submit(std::move(req), std::move(cb));
-  }
-  bool Cancel(RequestId id) { return scheduler_->Cancel(id); }
-  absl::Status Step() { return scheduler_->Step(); }
+  // See Scheduler::Submit / Cancel / Step; ids are unique across replicas.
+  absl::StatusOr<RequestId> Submit(Request req, Callbacks cb);
+  bool Cancel(RequestId id);
+  absl::Status Step();
+  bool idle() const;
+  void CancelAll();
+  bool DropSession(const std::string& session_id);
+  void DropSessions();
+  void SetPreemptProbabilityForTesting(double p);
+  // Summed over replicas.
+  SchedulerStats stats() const;
+  Histogram ttft_seconds() const;
+  Histogram itl_seconds() const;
   // Steps until no request is waiting or running. Returns the first failed step's status.
   absl::Status RunUntilIdle();
+  // Releases the remote replicas (call once, at the end).
+  absl::Status StopReplicas();
 
   // Submits one request and steps until it completes (other queued requests progress too).
   // The request's own failure is in the Completion's status; a failed step is returned.
@@ -55,8 +78,15 @@ class ServingEngine {
   std::string Text(const std::vector<int32_t>& tokens) const;
 
  private:
+  static constexpr int kReplicaBits = 8;  // global id = local id << 8 | replica
+  int Route(const Request& req) const;
+
   worker::Engine& engine_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<worker::RemoteReplica*> remotes_;
+  std::vector<std::unique_ptr<Scheduler>> schedulers_;
+  absl::flat_hash_map<std::string, int> session_replica_;
+  std::vector<float> logits_;
+  std::vector<std::vector<float>> remote_logits_;
 };
 
 }  // namespace kvmesh::serving

@@ -89,7 +89,7 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--config", WriteTemp("c2.yaml", "max_num_seqs: many\n")},
                      "'max_num_seqs' must be an integer");
   ExpectOneLineError({"serve", "--config", WriteTemp("c3.yaml", "data_parallel_size: 2\n")},
-                     "data_parallel_size 2 is not supported yet");
+                     "world size 1 does not match dp x pp x tp = 2 x 1 x 1");
   ExpectOneLineError({"serve", "--config", WriteTemp("c4.yaml", "port: [1, 2\n")}, "line ");
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");

@@ -106,10 +106,38 @@ PY
   echo "batch tp=$tp pp=$pp: 5 requests batched with preemption = alone = single process ($(grep -o 'requests in.*' "$work/err"))"
 done
 
+# Data parallelism: dp = 2 (and dp = 2 x tp = 2) replicas, the coordinator routing requests
+# between them: the same tokens as the single process, both replicas used, and a session kept on
+# its replica (cached tokens climb).
+for cfg in "2 1" "2 2"; do
+  read -r dp tp <<<"$cfg"
+  "${mpi[@]}" -np $((dp * tp)) "$bin" run --dp "$dp" --tp "$tp" "${batch[@]}" --max-seqs 8 \
+    >"$work/batch.dp$dp.tp$tp" 2>"$work/err" || fail "batch dp=$dp tp=$tp: $(tail -n 3 "$work/err")"
+  python3 - "$work/batch.ref" "$work/batch.dp$dp.tp$tp" <<'PY' || fail "batch dp=$dp tp=$tp differs"
+import json, sys
+ref, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "tokens differ from the single process"
+PY
+  per="$(grep -o 'requests per data-parallel replica:.*' "$work/err")"
+  python3 -c "import sys; c=[int(x) for x in sys.argv[1].split(':')[1].split()]; assert len(c)==2 and min(c)>0, c" "$per" ||
+    fail "dp=$dp tp=$tp did not use both replicas: $per"
+  echo "batch dp=$dp tp=$tp: same tokens as the single process; $per"
+done
+"${mpi[@]}" -np 2 "$bin" run --dp 2 --model "$model" --threads 1 --temperature 0 --max-tokens 16 --json \
+  --session "$work/session.json" >"$work/session.dp2" 2>"$work/err" || fail "session dp=2: $(tail -n 3 "$work/err")"
+python3 - "$work/session.ref" "$work/session.dp2" <<'PY' || fail "session dp=2 differs"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [t["tokens"] for t in a] == [t["tokens"] for t in b], "tokens differ"
+assert [t["cached_tokens"] for t in a] == [t["cached_tokens"] for t in b], "cached counts differ"
+PY
+echo "session dp=2: same answers and cached tokens (the session stays on its replica)"
+
 # --print-plan shows a balanced split for tp = 2 (9 query heads: 5 + 4).
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --prompt hi --max-tokens 1 --print-plan >/dev/null 2>"$work/plan" || fail "print-plan"
-grep -q "rank 0: stage 0 layers \[0,30), tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"
-grep -q "rank 1: stage 0 layers \[0,30), tp rank 1/2: query heads \[5,9), kv heads \[1,3)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+grep -q "rank 0: replica 0 stage 0 layers \[0,30), tp rank 0/2: query heads \[0,5), kv heads \[0,2)" "$work/plan" || fail "plan: $(cat "$work/plan")"
+grep -q "rank 1: replica 0 stage 0 layers \[0,30), tp rank 1/2: query heads \[5,9), kv heads \[1,3)" "$work/plan" || fail "plan: $(cat "$work/plan")"
 
 # Launch errors: the same one-line error on every rank, non-zero exit, no hang.
 expect_all() {  # expect_all NEEDLE N_RANKS -- command...

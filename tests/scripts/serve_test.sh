@@ -178,5 +178,20 @@ print('serve rpc tp=2 status:', [r['shard'] for r in s['ranks']])" || fail "tp=2
   [[ -n "$rank0" ]] || fail "could not find rank 0"
   stop "$rank0"
   echo "serve tp=2: same API under mpirun, clean SIGTERM"
+  # Two data-parallel replicas behind one coordinator.
+  start "${mpi[@]}" -np 2 "$bin" serve --dp 2 --threads 1
+  rpcc status | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'replica-leader+worker'], s" ||
+    fail "dp=2 cluster status"
+  python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
+  rank0=""
+  for p in $(pgrep -f "kvmesh serve --dp 2"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then rank0=$p; fi
+  done
+  [[ -n "$rank0" ]] || fail "could not find rank 0 (dp=2)"
+  stop "$rank0"
+  echo "serve dp=2: two replicas behind one API, clean SIGTERM"
 fi
 echo "serve: all cases passed"
