@@ -51,7 +51,8 @@ absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordin
       return s;
     }
     auto plan = DecodeStepPlan(words);
-    if (!plan.ok()) return absl::InternalError(StrCat("replica: bad plan: ", plan.status().message()));
+    if (!plan.ok())
+      return absl::InternalError(StrCat("replica: bad plan: ", plan.status().message()));
     logits.assign(plan->n_logits() * engine.model().config().n_vocab, 0.0f);
     // A rejected plan is rejected on the coordinator's side too (same validation); the logits
     // (zeros) still go back so the exchange stays in step.
