@@ -14,7 +14,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"; [[ -n "${cluster:-}" ]] && kill -9 "$cluster" 2>/dev/null || true' EXIT
 
 echo "== launch/local.sh: mpirun -np 2 kvmesh serve --tp 2 (rank 0 coordinates, both ranks compute)" >&2
-TP=2 launch/local.sh --model "$model" --port 0 >"$log" 2>&1 &
+TP=2 launch/local.sh --model "$model" --port 0 --rpc-port 0 >"$log" 2>&1 &
 cluster=$!
 port=""
 for _ in $(seq 1 600); do

@@ -2,8 +2,10 @@
 // real model answers through `run`, `tokenize` and `logits`.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,7 +28,9 @@ std::string Quote(const std::string& s) {
 }
 
 Result Kvmesh(const std::vector<std::string>& args) {
-  const std::string dir = ::testing::TempDir();
+  // Per process: ctest runs each test in its own process, two at a time, in the same TempDir.
+  const std::string dir = ::testing::TempDir() + "/kvmesh_cli_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
   std::string cmd = KVMESH_BIN;
   for (const auto& a : args) cmd += " " + Quote(a);
   cmd += " >" + dir + "/cli.out 2>" + dir + "/cli.err";
@@ -36,7 +40,9 @@ Result Kvmesh(const std::vector<std::string>& args) {
 }
 
 std::string WriteTemp(const std::string& name, const std::string& bytes) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string dir = ::testing::TempDir() + "/kvmesh_cli_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name;
   FILE* f = std::fopen(path.c_str(), "wb");
   std::fwrite(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);

@@ -18,6 +18,9 @@ done
 PATH="$PATH:/usr/sbin"
 work="$(mktemp -d)"
 cleanup() {
+  # Jobs first (their processes outlive the daemons), then the daemons.
+  [[ -n "${job:-}" ]] && scancel "$job" >/dev/null 2>&1 && sleep 1
+  [[ -n "${job:-}" ]] && pkill -9 -f -- "--port $port" 2>/dev/null
   [[ -n "${SLURM_CONF:-}" ]] && scontrol shutdown >/dev/null 2>&1
   for p in "${daemons[@]:-}"; do kill "$p" 2>/dev/null; done
   sleep 0.5
@@ -28,12 +31,12 @@ daemons=()
 trap cleanup EXIT
 fail() {
   echo "FAIL: $*" >&2
-  tail -n 20 "$work"/log/* "$work"/job.log 2>/dev/null >&2
+  tail -n 20 "$work"/log/* "$work"/job.log >&2 2>/dev/null
   exit 1
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-mkdir -p "$work"/{munge,state,spool,log}
+mkdir -p "$work"/{munge,state,spool,log,tmp}
 head -c 1024 /dev/urandom >"$work/munge/munge.key"
 chmod 700 "$work/munge"
 chmod 400 "$work/munge/munge.key"
@@ -54,6 +57,8 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool
+TmpFS=$work/tmp
+FirstJobId=$((1000 + RANDOM))
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd.pid
 SlurmctldLogFile=$work/log/slurmctld.log
@@ -81,14 +86,16 @@ done
 sinfo -h -o %T 2>/dev/null | grep -q idle || skip "slurmd did not come up: $(tail -n 3 "$work/log/slurmd.log" 2>/dev/null)"
 
 port="$(free_port)"
+job=""
 job="$(cd "$repo" && TP=2 KVMESH_BIN="$bin" KVMESH_MODEL="$model" KVMESH_PORT="$port" \
+  KVMESH_RPC_PORT="$(free_port)" \
   sbatch --parsable -n 2 -o "$work/job.log" launch/slurm/kvmesh.sbatch)" || fail "sbatch"
 for _ in $(seq 1 600); do
   grep -q "kvmesh: serving" "$work/job.log" 2>/dev/null && break
   [[ "$(squeue -h -j "$job" -o %T 2>/dev/null)" == "" ]] && fail "job $job ended early"
   sleep 0.1
 done
-grep -q "world 2, tp 2" "$work/job.log" || fail "server not up under Slurm"
+grep -q "world 2, dp 1, tp 2" "$work/job.log" || fail "server not up under Slurm"
 python3 - "http://127.0.0.1:$port" <<'PY' || fail "HTTP through the Slurm job"
 import json, sys, urllib.request
 body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
