@@ -106,22 +106,22 @@ PY
   echo "batch tp=$tp pp=$pp: 5 requests batched with preemption = alone = single process ($(grep -o 'requests in.*' "$work/err"))"
 done
 
-# Data parallelism: dp = 2 (and dp = 2 x tp = 2) replicas, the coordinator routing requests
+# Data parallelism: dp = 2 (and dp = 2 x tp = 2, dp = 2 x pp = 2) replicas, the coordinator routing requests
 # between them: the same tokens as the single process, both replicas used, and a session kept on
 # its replica (cached tokens climb).
-for cfg in "2 1" "2 2"; do
-  read -r dp tp <<<"$cfg"
-  "${mpi[@]}" -np $((dp * tp)) "$bin" run --dp "$dp" --tp "$tp" "${batch[@]}" --max-seqs 8 \
-    >"$work/batch.dp$dp.tp$tp" 2>"$work/err" || fail "batch dp=$dp tp=$tp: $(tail -n 3 "$work/err")"
-  python3 - "$work/batch.ref" "$work/batch.dp$dp.tp$tp" <<'PY' || fail "batch dp=$dp tp=$tp differs"
+for cfg in "2 1 1" "2 2 1" "2 1 2"; do
+  read -r dp tp pp <<<"$cfg"
+  "${mpi[@]}" -np $((dp * tp * pp)) "$bin" run --dp "$dp" --tp "$tp" --pp "$pp" "${batch[@]}" --max-seqs 8 \
+    >"$work/batch.dp$dp.tp$tp" 2>"$work/err" || fail "batch dp=$dp tp=$tp pp=$pp: $(tail -n 3 "$work/err")"
+  python3 - "$work/batch.ref" "$work/batch.dp$dp.tp$tp" <<'PY' || fail "batch dp=$dp tp=$tp pp=$pp differs"
 import json, sys
 ref, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "tokens differ from the single process"
 PY
   per="$(grep -o 'requests per data-parallel replica:.*' "$work/err")"
   python3 -c "import sys; c=[int(x) for x in sys.argv[1].split(':')[1].split()]; assert len(c)==2 and min(c)>0, c" "$per" ||
-    fail "dp=$dp tp=$tp did not use both replicas: $per"
-  echo "batch dp=$dp tp=$tp: same tokens as the single process; $per"
+    fail "dp=$dp tp=$tp pp=$pp did not use both replicas: $per"
+  echo "batch dp=$dp tp=$tp pp=$pp: same tokens as the single process; $per"
 done
 "${mpi[@]}" -np 2 "$bin" run --dp 2 --model "$model" --threads 1 --temperature 0 --max-tokens 16 --json \
   --session "$work/session.json" >"$work/session.dp2" 2>"$work/err" || fail "session dp=2: $(tail -n 3 "$work/err")"
