@@ -19,9 +19,6 @@ struct Primitives {
   float (*q4_k_a16)(const BlockQ4_K* x, const BlockA16* y, int64_t nb);
   float (*q6_k_a16)(const BlockQ6_K* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
-  float (*f32_f16)(const float* x, const uint16_t* y, int64_t n);
-  // y[i] = y[i] * s + a * fp16(v[i])
-  void (*scale_axpy_f16)(float* y, float s, float a, const uint16_t* v, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
   // (w + r * w_stride bytes) and 4 tokens (a + t * a_stride blocks). Null where the ISA has
   // no tiled kernel; callers then use the single dots.

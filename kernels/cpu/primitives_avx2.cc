@@ -86,33 +86,6 @@ KVMESH_AVX2 float DotF32F32(const float* x, const float* y, int64_t n) {
   return s;
 }
 
-KVMESH_AVX2 inline __m256 LoadH8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-KVMESH_AVX2 float DotF32F16(const float* x, const uint16_t* y, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LoadH8(y + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), LoadH8(y + i + 8), a1);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), LoadH8(y + i), a0);
-  float s = HSum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s += x[i] * H2F(y[i]);
-  return s;
-}
-
-KVMESH_AVX2 void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
-  const __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 yy = _mm256_mul_ps(_mm256_loadu_ps(y + i), vs);
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LoadH8(v + i), yy));
-  }
-  for (; i < n; ++i) y[i] = y[i] * s + a * H2F(v[i]);
-}
-
 // exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), a degree-6
 // polynomial for exp(r), and 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.7]
 // so the result stays a normal float (exp of anything lower is taken as exp(-87.3) ~ 1e-38).
@@ -219,8 +192,6 @@ const Primitives& Avx2Primitives() {
                             .q4_k_a16 = ScalarPrimitives().q4_k_a16,
                             .q6_k_a16 = ScalarPrimitives().q6_k_a16,
                             .f32_f32 = DotF32F32,
-                            .f32_f16 = DotF32F16,
-                            .scale_axpy_f16 = ScaleAxpyF16,
                             .quantize_a16 = QuantizeA16,
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,

@@ -109,16 +109,6 @@ float DotF32F32(const float* x, const float* y, int64_t n) {
   return s;
 }
 
-float DotF32F16(const float* x, const uint16_t* y, int64_t n) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += x[i] * Fp16ToFloat(y[i]);
-  return s;
-}
-
-void ScaleAxpyF16(float* y, float s, float a, const uint16_t* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = y[i] * s + a * Fp16ToFloat(v[i]);
-}
-
 void ExpShifted(const float* x, float shift, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
 }
@@ -183,8 +173,6 @@ const Primitives& ScalarPrimitives() {
                             .q4_k_a16 = DotQ4_KA16,
                             .q6_k_a16 = DotQ6_KA16,
                             .f32_f32 = DotF32F32,
-                            .f32_f16 = DotF32F16,
-                            .scale_axpy_f16 = ScaleAxpyF16,
                             .quantize_a16 = QuantizeRowA16,
                             .exp_shifted = ExpShifted,
                             .silu_mul = SiluMul,

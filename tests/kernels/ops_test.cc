@@ -310,9 +310,9 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   const auto& p = cpu::Prims();
   for (const void* fn :
        {(const void*)p.q4_0_a16, (const void*)p.q4_1_a16, (const void*)p.q8_0_a16,
-        (const void*)p.f32_f32, (const void*)p.f32_f16, (const void*)p.scale_axpy_f16,
-        (const void*)p.quantize_a16, (const void*)p.exp_shifted, (const void*)p.silu_mul,
-        (const void*)p.qk, (const void*)p.pv, (const void*)p.to_fp16}) {
+        (const void*)p.f32_f32, (const void*)p.qk_f16, (const void*)p.pv_f16,
+        (const void*)p.f16_to_f32, (const void*)p.quantize_a16, (const void*)p.exp_shifted,
+        (const void*)p.silu_mul, (const void*)p.qk, (const void*)p.pv, (const void*)p.to_fp16}) {
     ASSERT_NE(fn, nullptr) << "a primitive is missing from the " << IsaName(GetParam()) << " table";
   }
   const auto& ref = cpu::ScalarPrimitives();
