@@ -23,6 +23,7 @@
 #include "model/shard.h"
 #include "serving/serving_engine.h"
 #include "util/str_cat.h"
+#include "util/utf8.h"
 #include "worker/engine.h"
 
 #ifndef KVMESH_SCRIPTS_DIR
@@ -256,17 +257,9 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
   auto on_token = [&](int32_t id) {
     if (as_json) return;
     pending += e.tokenizer().TokenBytes(id);
-    size_t keep = 0;
-    for (size_t i = pending.size(); i > 0 && keep < 4; --i, ++keep) {
-      const auto b = static_cast<unsigned char>(pending[i - 1]);
-      if ((b & 0xC0) != 0x80) {
-        const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-        keep = (keep + 1 >= need) ? 0 : keep + 1;
-        break;
-      }
-    }
-    std::cout << pending.substr(0, pending.size() - keep) << std::flush;
-    pending.erase(0, pending.size() - keep);
+    const size_t n = CompleteUtf8Prefix(pending);
+    std::cout << pending.substr(0, n) << std::flush;
+    pending.erase(0, n);
   };
   const double comm0 = e.comm_seconds();
   const int64_t calls0 = e.comm_calls();

@@ -11,9 +11,11 @@
 #include <set>
 #include <thread>
 
+#include "server/auth.h"
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "util/str_cat.h"
+#include "util/utf8.h"
 
 namespace kvmesh::server {
 
@@ -21,37 +23,6 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
-
-namespace {
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
-std::string Msg(const absl::Status& s) {
-  return std::string(s.message().data(), s.message().size());
-}
-
-// Bytes of `pending` that end on a UTF-8 character boundary (the rest waits for more tokens).
-size_t CompleteUtf8(const std::string& s) {
-  size_t keep = 0;
-  for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
-    const auto b = static_cast<unsigned char>(s[i - 1]);
-    if ((b & 0xC0) != 0x80) {
-      const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-      return keep + 1 >= need ? s.size() : i - 1;
-    }
-  }
-  return s.size();
-}
-
-}  // namespace
 
 struct HttpServer::Impl {
   HttpOptions opts;
@@ -227,7 +198,7 @@ struct Session : std::enable_shared_from_this<Session> {
   void Generate(const std::string& body, bool chat, bool keep) {
     auto parsed = ParseApiRequest(body, chat, {srv.engine.ctx_size(), 256});
     if (!parsed.ok()) {
-      return Reply(http::status::bad_request, ErrorJson(400, Msg(parsed.status())), false);
+      return Reply(http::status::bad_request, ErrorJson(400, StatusText(parsed.status())), false);
     }
     auto api = std::make_shared<ApiRequest>(std::move(*parsed));
     if (api->model.empty()) api->model = srv.opts.model_name;
@@ -283,7 +254,7 @@ struct Session : std::enable_shared_from_this<Session> {
       std::string bytes = tok.TokenBytes(t);
       asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
         gen->pending += bytes;
-        const size_t n = CompleteUtf8(gen->pending);
+        const size_t n = CompleteUtf8Prefix(gen->pending);
         if (n == 0) return;
         const std::string piece = gen->pending.substr(0, n);
         gen->pending.erase(0, n);
@@ -306,7 +277,7 @@ struct Session : std::enable_shared_from_this<Session> {
         if (api->stream) {
           if (self->cancelled) return;
           if (!c.status.ok()) {
-            self->Send("data: " + ErrorJson(500, Msg(c.status)) + "\n\n");
+            self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
           } else {
             self->Send(StreamChunk(*api, id, created, gen->pending, finish, gen->first,
                                    api->logprobs ? &gen->pending_lps : nullptr));
@@ -318,8 +289,8 @@ struct Session : std::enable_shared_from_this<Session> {
           return;
         }
         if (!c.status.ok()) {
-          return self->Reply(http::status::internal_server_error, ErrorJson(500, Msg(c.status)),
-                             false);
+          return self->Reply(http::status::internal_server_error,
+                             ErrorJson(500, StatusText(c.status)), false);
         }
         self->Reply(http::status::ok,
                     CompletionJson(*api, id, created, gen->text, finish, usage,
@@ -335,7 +306,7 @@ struct Session : std::enable_shared_from_this<Session> {
                                            : absl::IsUnavailable(got.status())     ? 503
                                                                                    : 400;
                           return self->Reply(static_cast<http::status>(code),
-                                             ErrorJson(code, Msg(got.status())), false);
+                                             ErrorJson(code, StatusText(got.status())), false);
                         }
                         self->request = *got;
                         if (self->cancelled) {

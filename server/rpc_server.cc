@@ -10,8 +10,10 @@
 #include <thread>
 
 #include "model/shard.h"
+#include "server/auth.h"
 #include "server/rpc_frame.h"
 #include "util/str_cat.h"
+#include "util/utf8.h"
 
 namespace kvmesh::server {
 
@@ -21,18 +23,6 @@ namespace v1 = kvmesh::v1;
 
 namespace {
 
-std::string Msg(const absl::Status& s) {
-  return std::string(s.message().data(), s.message().size());
-}
-
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
-
 model::SamplingParams Sampling(const v1::SamplingParams& p) {
   model::SamplingParams s;
   s.temperature = p.temperature();
@@ -41,50 +31,6 @@ model::SamplingParams Sampling(const v1::SamplingParams& p) {
   s.repeat_penalty = p.repeat_penalty() > 0 ? p.repeat_penalty() : 1.0f;
   s.seed = p.seed();
   return s;
-}
-
-// proto3 `string` fields must be valid UTF-8: invalid sequences (a token that splits a character
-// the wrong way, byte-fallback tokens) become U+FFFD.
-std::string ValidUtf8(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80           ? 1
-                     : (c >> 5) == 0x6  ? 2
-                     : (c >> 4) == 0xE  ? 3
-                     : (c >> 3) == 0x1E ? 4
-                                        : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && n > 1) {  // no overlong forms, surrogates or values past U+10FFFF
-      uint32_t cp = c & (0xFF >> (n + 1));
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-      ok = cp >= (n == 2   ? 0x80u
-                  : n == 3 ? 0x800u
-                           : 0x10000u) &&
-           cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    }
-    if (ok) {
-      out.append(s, i, n);
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
-size_t CompleteUtf8(const std::string& s) {
-  size_t keep = 0;
-  for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
-    const auto b = static_cast<unsigned char>(s[i - 1]);
-    if ((b & 0xC0) != 0x80) {
-      const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-      return keep + 1 >= need ? s.size() : i - 1;
-    }
-  }
-  return s.size();
 }
 
 }  // namespace
@@ -187,7 +133,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     v1::Frame f;
     f.set_request_id(id);
     f.mutable_error()->set_code(static_cast<int>(s.code()));
-    f.mutable_error()->set_message(Msg(s));
+    f.mutable_error()->set_message(StatusText(s));
     Send(f);
   }
   // A protocol error: say why, then close.
@@ -371,7 +317,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       std::string bytes = tok.TokenBytes(t);
       asio::post(io, [self, id, t, pending, text, bytes = std::move(bytes)] {
         *pending += bytes;
-        const size_t n = CompleteUtf8(*pending);
+        const size_t n = CompleteUtf8Prefix(*pending);
         v1::Frame f;
         f.set_request_id(id);
         f.mutable_token()->set_id(t);
