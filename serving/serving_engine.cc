@@ -178,17 +178,14 @@ SchedulerStats ServingEngine::stats() const {
   return t;
 }
 
-Histogram ServingEngine::ttft_seconds() const {
-  Histogram h = schedulers_[0]->ttft_seconds();
-  for (size_t r = 1; r < schedulers_.size(); ++r) h.Merge(schedulers_[r]->ttft_seconds());
+Histogram ServingEngine::Merged(const Histogram& (Scheduler::*which)() const) const {
+  Histogram h = (*schedulers_[0].*which)();
+  for (size_t r = 1; r < schedulers_.size(); ++r) h.Merge((*schedulers_[r].*which)());
   return h;
 }
 
-Histogram ServingEngine::itl_seconds() const {
-  Histogram h = schedulers_[0]->itl_seconds();
-  for (size_t r = 1; r < schedulers_.size(); ++r) h.Merge(schedulers_[r]->itl_seconds());
-  return h;
-}
+Histogram ServingEngine::ttft_seconds() const { return Merged(&Scheduler::ttft_seconds); }
+Histogram ServingEngine::itl_seconds() const { return Merged(&Scheduler::itl_seconds); }
 
 absl::Status ServingEngine::StopReplicas() {
   absl::Status first;

@@ -80,6 +80,8 @@ class ServingEngine {
  private:
   static constexpr int kReplicaBits = 8;  // global id = local id << 8 | replica
   int Route(const Request& req) const;
+  // One of the schedulers' histograms, summed over replicas.
+  Histogram Merged(const Histogram& (Scheduler::*which)() const) const;
 
   worker::Engine& engine_;
   std::vector<worker::RemoteReplica*> remotes_;
