@@ -30,6 +30,18 @@ start() {
   rpc="$(grep -o 'RPC (kvmesh.v1) on 127.0.0.1:[0-9]*' "$work/log" | head -n1 | sed 's/.*://')"
 }
 
+# rank0_of PATTERN: the pid of MPI rank 0 among the processes matching PATTERN.
+rank0_of() {
+  local p
+  for p in $(pgrep -f "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then
+      echo "$p"
+      return
+    fi
+  done
+  fail "could not find rank 0 of '$1'"
+}
+
 # stop [PID]: SIGTERM to PID (default: the server), then the server must exit 0 within 30 s.
 stop() {
   kill -TERM "${1:-$pid}"
@@ -171,12 +183,8 @@ assert s['world'] == 2 and s['tp'] == 2 and [r['role'] for r in s['ranks']] == [
 print('serve rpc tp=2 status:', [r['shard'] for r in s['ranks']])" || fail "tp=2 cluster status"
   # Under mpirun the coordinator (rank 0) takes SIGTERM (as every rank does under Slurm's
   # scancel; workers ignore it and stop when rank 0 has drained); mpirun then exits 0.
-  rank0=""
-  for p in $(pgrep -f "kvmesh serve --tp 2"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then rank0=$p; fi
-  done
-  [[ -n "$rank0" ]] || fail "could not find rank 0"
-  stop "$rank0"
+  r0="$(rank0_of "kvmesh serve --tp 2")" || exit 1
+  stop "$r0"
   echo "serve tp=2: same API under mpirun, clean SIGTERM"
   # Two data-parallel replicas behind one coordinator.
   start "${mpi[@]}" -np 2 "$bin" serve --dp 2 --threads 1
@@ -186,12 +194,8 @@ s = json.load(sys.stdin)
 assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'replica-leader+worker'], s" ||
     fail "dp=2 cluster status"
   python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
-  rank0=""
-  for p in $(pgrep -f "kvmesh serve --dp 2"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then rank0=$p; fi
-  done
-  [[ -n "$rank0" ]] || fail "could not find rank 0 (dp=2)"
-  stop "$rank0"
+  r0="$(rank0_of "kvmesh serve --dp 2")" || exit 1
+  stop "$r0"
   echo "serve dp=2: two replicas behind one API, clean SIGTERM"
 fi
 echo "serve: all cases passed"
