@@ -66,4 +66,13 @@ inline float Bf16ToFloat(uint16_t b) {
   return f;
 }
 
+// Round to nearest even; NaN stays NaN (quiet).
+inline uint16_t FloatToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
 }  // namespace kvmesh::kernels

@@ -9,6 +9,7 @@ class SelfCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   absl::Status AllReduceSum(std::span<float>) override { return absl::OkStatus(); }
+  absl::Status AllReduceSum(std::span<uint16_t>, HalfType) override { return absl::OkStatus(); }
   absl::Status Broadcast(std::span<uint8_t>, int root) override {
     if (root != 0)
       return absl::InvalidArgumentError(StrCat("broadcast root ", root, " outside a 1-rank group"));
@@ -19,6 +20,9 @@ class SelfCommunicator final : public Communicator {
     return absl::InvalidArgumentError("send: a 1-rank group has no peer " + std::to_string(dst));
   }
   absl::Status Recv(std::span<float>, int src, int) override {
+    return absl::InvalidArgumentError("recv: a 1-rank group has no peer " + std::to_string(src));
+  }
+  absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float>, int src, int) override {
     return absl::InvalidArgumentError("recv: a 1-rank group has no peer " + std::to_string(src));
   }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/fp16.h"
 #include "util/str_cat.h"
 
 // Converts an MPI return code into a status naming the call, once, at the call site.
@@ -27,6 +28,49 @@ absl::Status MpiError(int rc, const char* expr, const char* file, int line) {
 
 namespace {
 
+// MPI has no 16-bit float types: sums of binary16 / bfloat16 are user-defined reductions over
+// MPI_UINT16_T that add in fp32 and round back.
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void SumHalves(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = FromFloat(ToFloat(a[i]) + ToFloat(b[i]));
+}
+
+// The two reductions, created after MPI_Init and freed before MPI_Finalize (MpiRuntime).
+MPI_Op g_sum_f16 = MPI_OP_NULL, g_sum_bf16 = MPI_OP_NULL;
+
+// A posted MPI_Irecv of floats.
+class MpiPendingRecv final : public PendingRecv {
+ public:
+  MpiPendingRecv(MPI_Request req, size_t want, int src) : req_(req), want_(want), src_(src) {}
+  ~MpiPendingRecv() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (req_ != MPI_REQUEST_NULL && !finalized) {
+      MPI_Cancel(&req_);
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+  }
+  absl::Status Wait() override {
+    if (req_ == MPI_REQUEST_NULL) return absl::FailedPreconditionError("recv: already waited");
+    MPI_Status st;
+    KVMESH_MPI_RETURN_IF_ERROR(MPI_Wait(&req_, &st));
+    int got = 0;
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if (got != static_cast<int>(want_)) {
+      return absl::InternalError(
+          StrCat("recv: got ", got, " floats from rank ", src_, ", want ", want_));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  MPI_Request req_;
+  size_t want_;
+  int src_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -44,6 +88,13 @@ class MpiCommunicator final : public Communicator {
     if (size_ == 1) return absl::OkStatus();
     KVMESH_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()),
                                              MPI_FLOAT, MPI_SUM, comm_));
+    return absl::OkStatus();
+  }
+  absl::Status AllReduceSum(std::span<uint16_t> buf, HalfType type) override {
+    if (size_ == 1) return absl::OkStatus();
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_UINT16_T,
+                      type == HalfType::kF16 ? g_sum_f16 : g_sum_bf16, comm_));
     return absl::OkStatus();
   }
   absl::Status Broadcast(std::span<uint8_t> buf, int root) override {
@@ -74,6 +125,15 @@ class MpiCommunicator final : public Communicator {
           StrCat("recv: got ", got, " floats from rank ", src, ", want ", buf.size()));
     }
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float> buf, int src,
+                                                         int tag) override {
+    if (src < 0 || src >= size_ || src == rank_)
+      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
+    MPI_Request req;
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &req));
+    return std::unique_ptr<PendingRecv>(new MpiPendingRecv(req, buf.size(), src));
   }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
@@ -118,13 +178,20 @@ absl::StatusOr<std::unique_ptr<MpiRuntime>> MpiRuntime::Init(int* argc, char*** 
     return absl::FailedPreconditionError("MPI does not provide MPI_THREAD_FUNNELED");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  using kernels::Bf16ToFloat, kernels::FloatToBf16, kernels::Fp16ToFloat, kernels::FloatToFp16;
+  MPI_Op_create(&SumHalves<Fp16ToFloat, FloatToFp16>, /*commute=*/1, &g_sum_f16);
+  MPI_Op_create(&SumHalves<Bf16ToFloat, FloatToBf16>, /*commute=*/1, &g_sum_bf16);
   std::unique_ptr<MpiRuntime> r(new MpiRuntime());
   MPI_Comm_rank(MPI_COMM_WORLD, &r->rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &r->size_);
   return r;
 }
 
-MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+MpiRuntime::~MpiRuntime() {
+  MPI_Op_free(&g_sum_f16);
+  MPI_Op_free(&g_sum_bf16);
+  MPI_Finalize();
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(int color, int key) {
   MPI_Comm comm;

@@ -68,6 +68,20 @@ class CudaStream {
   cudaStream_t s_ = nullptr;
 };
 
+// A receive enqueued on the stream, marked by an event.
+class NcclPendingRecv final : public PendingRecv {
+ public:
+  explicit NcclPendingRecv(cudaEvent_t done) : done_(done) {}
+  ~NcclPendingRecv() override { cudaEventDestroy(done_); }
+  absl::Status Wait() override {
+    KVMESH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+    return absl::OkStatus();
+  }
+
+ private:
+  cudaEvent_t done_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(NcclComm comm, CudaStream stream, int rank, int size, int device)
@@ -82,6 +96,13 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduceSum(std::span<float> buf) override {
     KVMESH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     KVMESH_NCCL_RETURN_IF_ERROR(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32,
+                                              ncclSum, comm_.get(), stream_.get()));
+    return Wait();
+  }
+  absl::Status AllReduceSum(std::span<uint16_t> buf, HalfType type) override {
+    KVMESH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    KVMESH_NCCL_RETURN_IF_ERROR(ncclAllReduce(buf.data(), buf.data(), buf.size(),
+                                              type == HalfType::kF16 ? ncclFloat16 : ncclBfloat16,
                                               ncclSum, comm_.get(), stream_.get()));
     return Wait();
   }
@@ -120,6 +141,22 @@ class NcclCommunicator final : public Communicator {
     KVMESH_NCCL_RETURN_IF_ERROR(
         ncclRecv(buf.data(), buf.size(), ncclFloat32, src, comm_.get(), stream_.get()));
     return Wait();
+  }
+  // Enqueued on the communicator's stream: later calls on this communicator run after it.
+  absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float> buf, int src,
+                                                         int) override {
+    if (src < 0 || src >= size_ || src == rank_)
+      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
+    KVMESH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    KVMESH_NCCL_RETURN_IF_ERROR(
+        ncclRecv(buf.data(), buf.size(), ncclFloat32, src, comm_.get(), stream_.get()));
+    cudaEvent_t done = nullptr;
+    KVMESH_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    if (const cudaError_t e = cudaEventRecord(done, stream_.get()); e != cudaSuccess) {
+      cudaEventDestroy(done);
+      KVMESH_CUDA_RETURN_IF_ERROR(e);
+    }
+    return std::unique_ptr<PendingRecv>(new NcclPendingRecv(done));
   }
   // NCCL has no gatherv: the root posts one receive per peer inside a group.
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,

@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "kernels/fp16.h"
 #include "tests/util/mpi_test_main.h"
 
 namespace kvmesh::comm {
@@ -53,6 +54,25 @@ TEST_P(Conformance, AllReduceSumsEveryRanksValues) {
       // sum over ranks q of (q + 1) * 1000 + i % 97
       const float want = 1000.0f * n * (n + 1) / 2 + static_cast<float>(n * (i % 97));
       ASSERT_EQ(buf[i], want) << "len " << len << " index " << i;
+    }
+  }
+}
+
+// 16-bit sums: every value and partial sum is exact in both formats (multiples of 1/4 below
+// 256), so the result must be exact whatever order the backend adds in.
+TEST_P(Conformance, HalfAllReduceSumsBinary16AndBfloat16) {
+  const int n = c_->size(), r = c_->rank();
+  for (HalfType type : {HalfType::kF16, HalfType::kBF16}) {
+    const auto to = type == HalfType::kF16 ? kernels::FloatToFp16 : kernels::FloatToBf16;
+    const auto from = type == HalfType::kF16 ? kernels::Fp16ToFloat : kernels::Bf16ToFloat;
+    std::vector<uint16_t> buf(576 * 3);
+    for (size_t i = 0; i < buf.size(); ++i)
+      buf[i] = to(static_cast<float>(r + 1) * (i % 2 ? -1.0f : 1.0f) + 0.25f * (i % 3));
+    ASSERT_TRUE(c_->AllReduceSum(buf, type).ok());
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const float want =
+          (i % 2 ? -1.0f : 1.0f) * n * (n + 1) / 2.0f + n * 0.25f * static_cast<float>(i % 3);
+      ASSERT_EQ(from(buf[i]), want) << (type == HalfType::kF16 ? "fp16" : "bf16") << " " << i;
     }
   }
 }
@@ -102,6 +122,26 @@ TEST_P(Conformance, SendRecvAroundARing) {
     ASSERT_TRUE(c_->Send(out, next, 7).ok());
   }
   for (float v : in) ASSERT_EQ(v, static_cast<float>(prev));
+}
+
+// A receive posted before the peer sends, waited for after this rank's own send: both
+// directions of the ring in flight at once, which blocking calls could not do in this order.
+TEST_P(Conformance, RecvAsyncIsPostedBeforeTheSend) {
+  const int n = c_->size(), r = c_->rank();
+  std::vector<float> out(5000, static_cast<float>(r)), in(5000, -1.0f);
+  if (n == 1) {
+    EXPECT_FALSE(c_->RecvAsync(in, 0, 9).ok());
+    return;
+  }
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto pending = c_->RecvAsync(in, prev, 9);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_TRUE(c_->Send(out, next, 9).ok());
+  ASSERT_TRUE((*pending)->Wait().ok());
+  for (float v : in) ASSERT_EQ(v, static_cast<float>(prev));
+  // A receive that is never waited for is cancelled when dropped; the group stays usable.
+  { auto dropped = c_->RecvAsync(in, prev, 10); }
+  EXPECT_TRUE(c_->Barrier().ok());
 }
 
 TEST_P(Conformance, BarrierReturns) { EXPECT_TRUE(c_->Barrier().ok()); }

@@ -9,6 +9,7 @@
 
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "kernels/fp16.h"
 #include "tests/util/cuda_buffers.h"
 #include "tests/util/mpi_test_main.h"
 
@@ -75,6 +76,29 @@ TEST_F(Nccl, AllReduceBroadcastGatherSendRecv) {
     } else {
       ASSERT_TRUE(c_->Recv({buf, 64}, 0, 0).ok());
       for (float v : dev_.Download(buf, 64)) ASSERT_EQ(v, 0.0f);
+    }
+  }
+  // 16-bit sums, exact in both formats.
+  for (HalfType type : {HalfType::kF16, HalfType::kBF16}) {
+    const auto to = type == HalfType::kF16 ? kernels::FloatToFp16 : kernels::FloatToBf16;
+    const auto from = type == HalfType::kF16 ? kernels::Fp16ToFloat : kernels::Bf16ToFloat;
+    std::vector<uint16_t> hh(576);
+    for (size_t i = 0; i < hh.size(); ++i) hh[i] = to(static_cast<float>(r + 1) + 0.25f * (i % 3));
+    uint16_t* dh = dev_.Upload(hh);
+    ASSERT_TRUE(c_->AllReduceSum({dh, hh.size()}, type).ok());
+    const auto gh = dev_.Download(dh, hh.size());
+    for (size_t i = 0; i < gh.size(); ++i)
+      ASSERT_EQ(from(gh[i]), n * (n + 1) / 2.0f + n * 0.25f * static_cast<float>(i % 3));
+  }
+  if (n >= 2 && r < 2) {
+    float* buf = dev_.Upload(std::vector<float>(64, static_cast<float>(r)));
+    if (r == 1) {
+      auto pending = c_->RecvAsync({buf, 64}, 0, 0);
+      ASSERT_TRUE(pending.ok()) << pending.status();
+      ASSERT_TRUE((*pending)->Wait().ok());
+      for (float v : dev_.Download(buf, 64)) ASSERT_EQ(v, 0.0f);
+    } else {
+      ASSERT_TRUE(c_->Send({buf, 64}, 1, 0).ok());
     }
   }
   EXPECT_TRUE(c_->Barrier().ok());

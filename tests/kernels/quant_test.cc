@@ -64,6 +64,21 @@ TEST(Fp16, RoundsToNearestEven) {
   EXPECT_EQ(Fp16ToFloat(FloatToFp16(6e-8f)), std::ldexp(1.0f, -24));  // smallest subnormal
 }
 
+TEST(Bf16, RoundTripsEveryValueAndRoundsToNearestEven) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = Bf16ToFloat(static_cast<uint16_t>(b));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(f))));
+      continue;
+    }
+    ASSERT_EQ(FloatToBf16(f), b) << "bf16 0x" << std::hex << b;
+  }
+  // bfloat16 values near 1 are 1/128 apart.
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 1.0f / 256)), 1.0f);               // tie -> even
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 3.0f / 256)), 1.0f + 1.0f / 64);   // tie -> even
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 3.0f / 512)), 1.0f + 1.0f / 128);  // nearest
+}
+
 TEST(QuantizeA16, ErrorIsBelowHalfAStep) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 3.0f);
