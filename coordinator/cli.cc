@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -165,7 +166,10 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
       return Fail(
           absl::Status(id.status().code(), StrCat("request ", i + 1, ": ", id.status().message())));
   }
+  const auto t0 = std::chrono::steady_clock::now();
   if (auto s = se.RunUntilIdle(); !s.ok()) return Fail(s);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < done.size(); ++i) {
     const serving::Completion& c = done[i];
     if (!c.status.ok()) return Fail(c.status);
@@ -190,7 +194,9 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
             << st.prefix_hit_tokens << "/" << st.prefix_query_tokens << " prompt tokens; "
             << st.preemptions << " preemptions; KV blocks " << st.blocks_used << " used, "
             << st.blocks_cached << " cached, " << st.blocks_total << " total; TTFT p50 "
-            << se.ttft_seconds().Quantile(0.5) * 1e3 << " ms\n";
+            << se.ttft_seconds().Quantile(0.5) * 1e3 << " ms; " << st.generated_tokens
+            << " tokens generated in " << wall_s * 1e3 << " ms ("
+            << static_cast<double>(st.generated_tokens) / wall_s << " tokens/s)\n";
   return 0;
 }
 

@@ -1,6 +1,7 @@
 #include "model/shard.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "util/str_cat.h"
@@ -90,7 +91,23 @@ absl::StatusOr<PipelineStage> MakePipelineStage(const LlamaConfig& c, int stage,
   PipelineStage p;
   p.stage = stage;
   p.n_stages = n_stages;
-  std::tie(p.layer_begin, p.layer_end) = EvenSplit(c.n_layers, n_stages, stage);
+  // Balance the matrix work: a layer costs its weights' multiply-adds per token, and the last
+  // stage also runs the LM head (for SmolLM2-135M as much as 8 layers: 30 layers split 19 + 11).
+  const double hd = static_cast<double>(c.head_dim), e = static_cast<double>(c.n_embd);
+  const double layer = e * hd * (2.0 * c.n_heads + 2.0 * c.n_kv_heads) + 3.0 * e * c.n_ff;
+  const double head = e * static_cast<double>(c.n_vocab);
+  // Stage boundary k (1..n-1): the layer index nearest k/n of the total work, keeping at least
+  // one layer per stage. A config without sizes (tests) splits evenly.
+  const double per_stage = (layer * c.n_layers + head) / n_stages;
+  auto boundary = [&](int k) -> int64_t {
+    if (k == 0) return 0;
+    if (k == n_stages) return c.n_layers;
+    const int64_t even = c.n_layers * k / n_stages;
+    const int64_t want = layer > 0 ? std::llround(k * per_stage / layer) : even;
+    return std::clamp<int64_t>(want, k, c.n_layers - (n_stages - k));
+  };
+  p.layer_begin = boundary(stage);
+  p.layer_end = boundary(stage + 1);
   return p;
 }
 

@@ -27,8 +27,9 @@ struct TpShard {
   std::string Describe() const;                // one line, for --print-plan
 };
 
-// A pipeline stage: a contiguous range of layers (split as evenly as possible). The first stage
-// embeds the tokens; the last applies the final norm and the LM head.
+// A pipeline stage: a contiguous range of layers, split so that every stage has about the same
+// matrix work per token (the last stage's LM head counts as layers). The first stage embeds the
+// tokens; the last applies the final norm and the LM head.
 struct PipelineStage {
   int stage = 0, n_stages = 1;
   int64_t layer_begin = 0, layer_end = 0;

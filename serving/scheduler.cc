@@ -23,6 +23,7 @@ struct Scheduler::Sequence {
   std::vector<kvstore::BlockHash> names;    // names of blocks [0, names.size()), a hash chain
   std::vector<kvstore::BlockHash> pending;  // names of the prompt blocks still to compute
   bool admitted_once = false;
+  bool busy = false;  // in a step begun and not yet finished
   Completion done;
   Clock::time_point submitted, last_token;
 
@@ -74,8 +75,15 @@ Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
       itl_(LatencyBuckets()),
       preempt_rng_(opts.preempt_seed) {}
 
-// Every accepted request hears its end, even when the engine goes away first.
-Scheduler::~Scheduler() { CancelAll(); }
+// Every accepted request hears its end, even when the engine goes away first (steps still in
+// flight will never finish then).
+Scheduler::~Scheduler() {
+  for (auto& step : steps_) {
+    for (Scheduled& sc : step) sc.seq->busy = false;
+  }
+  steps_.clear();
+  CancelAll();
+}
 
 absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   auto reject = [&](absl::Status s) {
@@ -129,7 +137,8 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
 bool Scheduler::Cancel(RequestId id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
-  if (in_step_) {  // from a callback: the step still holds the sequence; end it after
+  // From a callback, or while a step in flight holds the sequence: end it after that step.
+  if (in_step_ || it->second->busy) {
     deferred_cancels_.push_back(id);
     return true;
   }
@@ -282,9 +291,13 @@ std::optional<BlockId> Scheduler::AllocateOrPreempt(Sequence& s, bool& self_pree
   self_preempted = false;
   for (;;) {
     if (auto b = blocks_.Allocate()) return b;
-    // Out of blocks: sessions' partial blocks go first, then the newest running sequence.
+    // Out of blocks: sessions' partial blocks go first, then the newest running sequence not
+    // in a step in flight (none: wait for those steps).
     if (DropOneSessionTail()) continue;
-    Sequence* victim = running_.back();
+    auto it = std::find_if(running_.rbegin(), running_.rend(),
+                           [](const Sequence* q) { return !q->busy; });
+    if (it == running_.rend()) return std::nullopt;
+    Sequence* victim = *it;
     Preempt(*victim);
     if (victim == &s) {
       self_preempted = true;
@@ -392,11 +405,16 @@ absl::Status Scheduler::Step() {
 
 bool Scheduler::BeginStep(worker::StepPlan& plan) {
   plan = worker::StepPlan();
-  scheduled_.clear();
+  if (steps_in_flight() >= std::max(1, opts_.max_steps_in_flight)) return false;
   // Test hook: a random preemption must never change what a sequence generates.
   if (opts_.preempt_probability > 0 && !running_.empty() &&
       std::uniform_real_distribution<double>(0, 1)(preempt_rng_) < opts_.preempt_probability) {
-    Preempt(*running_[std::uniform_int_distribution<size_t>(0, running_.size() - 1)(preempt_rng_)]);
+    std::vector<Sequence*> idle;
+    for (Sequence* q : running_) {
+      if (!q->busy) idle.push_back(q);
+    }
+    if (!idle.empty())
+      Preempt(*idle[std::uniform_int_distribution<size_t>(0, idle.size() - 1)(preempt_rng_)]);
   }
   // Admission: FCFS while the batch has room and the pool can hold the newcomer's prompt (an
   // empty batch always admits: a lone request fits, Submit checked).
@@ -422,14 +440,20 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
   }
   if (running_.empty()) return false;
 
-  // Oldest first: decode tokens and prefill chunks share the token budget.
-  std::vector<Scheduled>& scheduled = scheduled_;
+  // Oldest first: decode tokens and prefill chunks share the token budget. With steps in
+  // flight, sequences of unfinished steps sit this one out, and a step takes its share of the
+  // batch so the next one has sequences too.
+  std::vector<Scheduled> scheduled;
   int64_t budget = opts_.max_batched_tokens;
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  const int64_t depth = std::max(1, opts_.max_steps_in_flight);
+  const size_t share = static_cast<size_t>(CeilDiv(static_cast<int64_t>(running_.size()), depth));
+  for (size_t i = 0; i < running_.size() && budget > 0 && scheduled.size() < share; ++i) {
     Sequence& s = *running_[i];
+    if (s.busy) continue;
     const int64_t todo = static_cast<int64_t>(s.tokens.size()) - s.computed;
     const int32_t chunk = static_cast<int32_t>(std::min(todo, budget));
-    if (!EnsureBlocks(s, s.computed + chunk, plan)) break;  // s itself was preempted
+    // False: s itself was preempted, or only sequences in flight could give blocks back.
+    if (!EnsureBlocks(s, s.computed + chunk, plan)) break;
     worker::SeqChunk c;
     c.n_tokens = chunk;
     c.pos0 = static_cast<int32_t>(s.computed);
@@ -444,13 +468,17 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
   // Sequences preempted after being scheduled cannot exist: victims come from the back of the
   // batch, beyond every scheduled sequence.
   if (plan.seqs.empty()) return false;
+  for (Scheduled& sc : scheduled) sc.seq->busy = true;
+  steps_.push_back(std::move(scheduled));
   ++stats_.steps;
   return true;
 }
 
 absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<const float> all_logits) {
-  std::vector<Scheduled> scheduled;
-  scheduled.swap(scheduled_);
+  if (steps_.empty()) return absl::FailedPreconditionError("scheduler: no step in flight");
+  std::vector<Scheduled> scheduled = std::move(steps_.front());
+  steps_.pop_front();
+  for (Scheduled& sc : scheduled) sc.seq->busy = false;
   if (!s.ok()) {
     // Callbacks may cancel other requests of this step: finish by id, skipping any already gone.
     std::vector<RequestId> ids;
@@ -458,6 +486,9 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<const float>
     for (RequestId id : ids) {
       if (auto it = seqs_.find(id); it != seqs_.end()) Finish(*it->second, s, "error");
     }
+    std::vector<RequestId> cancels;
+    cancels.swap(deferred_cancels_);
+    for (RequestId id : cancels) Cancel(id);
     return s;
   }
   const auto now = Clock::now();

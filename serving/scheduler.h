@@ -96,6 +96,10 @@ struct SchedulerOptions {
   bool prefix_caching = true;        // engine-wide: name and reuse full blocks
   std::string cache_salt;            // model, layout and KV format (worker::Engine::cache_salt)
   std::function<bool(int32_t)> is_end_of_generation;
+  // Steps that may be begun and not yet finished at once (BeginStep ... FinishStep): the
+  // pipeline stages' count. A sequence is in at most one of them; each step takes about
+  // 1/max_steps_in_flight of the running batch, so every stage has work.
+  int32_t max_steps_in_flight = 1;
   // Test hook: before each step, with this probability, preempt one running sequence at random.
   double preempt_probability = 0;
   uint64_t preempt_seed = 1;
@@ -128,16 +132,21 @@ class Scheduler {
   // Ends a waiting or running request (Completion status Cancelled). False if unknown/done.
   // From a callback inside Step, the request ends when that step's sampling is done.
   bool Cancel(RequestId id);
-  // Cancels every waiting and running request (shutdown).
+  // Cancels every waiting and running request (shutdown); those in a step in flight end when
+  // it finishes.
   void CancelAll();
   // Plans and runs one step. OK and nothing done when idle. If the runner fails, every sequence
   // of the step completes with that error and it is returned (Unavailable: a rank is gone).
   absl::Status Step();
-  // Step in two phases, for a caller that runs several schedulers' plans at once: BeginStep
-  // plans (false: nothing to run), the caller runs the plan, FinishStep takes its status and
-  // logits (plan.n_logits() rows). Step() == BeginStep + runner + FinishStep.
+  // Step in two phases, for a caller that runs several plans at once: BeginStep plans (false:
+  // nothing to run), the caller runs the plan, FinishStep takes its status and logits
+  // (plan.n_logits() rows). Step() == BeginStep + runner + FinishStep.
+  // Pipelining: up to max_steps_in_flight steps may be begun before the first is finished; they
+  // finish in the order they began. A sequence in an unfinished step is not scheduled,
+  // preempted or ended until that step finishes (a Cancel of it takes effect then).
   bool BeginStep(worker::StepPlan& plan);
   absl::Status FinishStep(const absl::Status& run_status, std::span<const float> logits);
+  int32_t steps_in_flight() const { return static_cast<int32_t>(steps_.size()); }
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
   SchedulerStats stats() const;
@@ -190,12 +199,11 @@ class Scheduler {
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
-  std::vector<float> raw_logits_;
-  std::vector<float> logits_row_;     // the row being sampled (the sampler edits it)
-  std::vector<Scheduled> scheduled_;  // between BeginStep and FinishStep  // a sampled row before
-                                      // the sampler adjusts it (logprobs)
-  bool in_step_ = false;              // sampling: callbacks are running
-  std::vector<RequestId> deferred_cancels_;  // Cancel() calls made from callbacks
+  std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
+  std::vector<float> logits_row_;  // the row being sampled (the sampler edits it)
+  std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
+  bool in_step_ = false;                      // sampling: callbacks are running
+  std::vector<RequestId> deferred_cancels_;   // Cancel() calls made from callbacks
 };
 
 }  // namespace kvmesh::serving

@@ -22,6 +22,8 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
   so.prefix_caching = opts.prefix_caching;
   so.cache_salt = engine.cache_salt();
   so.preempt_probability = opts.preempt_probability;
+  pipelined_ = remotes_.empty() && engine.pipeline_stages() > 1;
+  if (pipelined_) so.max_steps_in_flight = engine.pipeline_stages();
   so.preempt_seed = opts.preempt_seed;
   const model::Tokenizer* tok = &engine.tokenizer();
   so.is_end_of_generation = [tok](int32_t t) { return tok->IsEndOfGeneration(t); };
@@ -97,7 +99,25 @@ bool ServingEngine::Cancel(RequestId id) {
   return schedulers_[r]->Cancel(id >> kReplicaBits);
 }
 
+absl::Status ServingEngine::PipelinedStep() {
+  Scheduler& sched = *schedulers_[0];
+  for (worker::StepPlan plan; sched.BeginStep(plan);) {
+    engine_.StartStep(plan);
+    in_flight_rows_.push_back(plan.n_logits());
+  }
+  if (in_flight_rows_.empty()) return absl::OkStatus();
+  return FinishOldestStep();
+}
+
+absl::Status ServingEngine::FinishOldestStep() {
+  logits_.resize(in_flight_rows_.front() * engine_.model().config().n_vocab);
+  in_flight_rows_.pop_front();
+  const absl::Status s = engine_.FinishStep(logits_);
+  return schedulers_[0]->FinishStep(s, logits_);
+}
+
 absl::Status ServingEngine::Step() {
+  if (pipelined_) return PipelinedStep();
   if (schedulers_.size() == 1) return schedulers_[0]->Step();
   // Remote replicas first (their plans go out; they compute while replica 0 does), then
   // replica 0 here, then the remote logits.
@@ -189,6 +209,9 @@ Histogram ServingEngine::itl_seconds() const { return Merged(&Scheduler::itl_sec
 
 absl::Status ServingEngine::StopReplicas() {
   absl::Status first;
+  while (!in_flight_rows_.empty()) {
+    if (auto s = FinishOldestStep(); !s.ok() && first.ok()) first = s;
+  }
   for (auto* r : remotes_) {
     if (auto s = r->Stop(); !s.ok() && first.ok()) first = s;
   }

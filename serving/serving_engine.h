@@ -8,11 +8,16 @@
 // step sends the remote replicas' plans first, runs replica 0's, then collects the remote logits,
 // so replicas compute at the same time.
 //
+// Pipeline parallelism (pp > 1, one replica): the scheduler keeps up to pp steps in flight,
+// each over its share of the running batch. Step() starts steps until pp are in flight, then
+// finishes the oldest: while the last stage computes step i, the first already runs step i + 1.
+//
 // Submit/Cancel/Step are single-threaded (the caller drives Step, or Generate drives it until
 // its request is done). Followers (world rank > 0) only run Engine::ServeFollower or
 // worker::ServeReplica.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -63,7 +68,7 @@ class ServingEngine {
   Histogram itl_seconds() const;
   // Steps until no request is waiting or running. Returns the first failed step's status.
   absl::Status RunUntilIdle();
-  // Releases the remote replicas (call once, at the end).
+  // Finishes the steps in flight and releases the remote replicas (call once, at the end).
   absl::Status StopReplicas();
 
   // Submits one request and steps until it completes (other queued requests progress too).
@@ -80,6 +85,8 @@ class ServingEngine {
  private:
   static constexpr int kReplicaBits = 8;  // global id = local id << 8 | replica
   int Route(const Request& req) const;
+  absl::Status PipelinedStep();
+  absl::Status FinishOldestStep();
   // One of the schedulers' histograms, summed over replicas.
   Histogram Merged(const Histogram& (Scheduler::*which)() const) const;
 
@@ -88,6 +95,8 @@ class ServingEngine {
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
   absl::flat_hash_map<std::string, int> session_replica_;
   std::vector<float> logits_;
+  bool pipelined_ = false;              // pp > 1 with one replica: steps overlap across stages
+  std::deque<int64_t> in_flight_rows_;  // logits rows of each step in flight, oldest first
   std::vector<std::vector<float>> remote_logits_;
 };
 

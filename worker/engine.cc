@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
       shape, static_cast<int32_t>(std::min<int64_t>(n_blocks, 1 << 30)));
   if (!arena.ok()) return arena.status();
   e->arena_ = std::move(*arena);
+  e->pp_ = opts.pp;
   e->kv_bytes_per_token_ = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
   // Block names must differ whenever the bytes a block holds could: another model file, another
   // split of heads or layers, another block size or element format.
@@ -99,7 +100,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   return e;
 }
 
-absl::Status Engine::Execute(const StepPlan& plan, std::span<float> logits) {
+absl::Status Engine::Execute(const StepPlan& plan, std::span<float> logits,
+                             std::unique_ptr<comm::PendingRecv>* logits_pending) {
   if (auto s = ValidateStepPlan(plan, arena_->n_blocks(), block_size(),
                                 static_cast<int32_t>(model_->config().n_vocab));
       !s.ok()) {
@@ -107,27 +109,51 @@ absl::Status Engine::Execute(const StepPlan& plan, std::span<float> logits) {
   }
   for (const auto& [src, dst] : plan.copies) arena_->CopyBlock(src, dst);
   if (plan.seqs.empty()) return absl::OkStatus();
-  return forward_->Forward(plan, *arena_, logits);
+  return forward_->Forward(plan, *arena_, logits, logits_pending);
 }
 
 namespace {
 constexpr int32_t kStopWord = -1;  // a plan length of -1 stops the followers
 }
 
-absl::Status Engine::Step(const StepPlan& plan, std::span<float> logits) {
-  if (world_ != nullptr && world_->size() > 1) {
-    // Header: the plan's length in words; then the plan.
-    std::vector<int32_t> words = EncodeStepPlan(plan);
-    int32_t n = static_cast<int32_t>(words.size());
-    if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0); !s.ok()) {
-      return s;
-    }
-    if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(words.data()), words.size() * 4}, 0);
-        !s.ok()) {
-      return s;
-    }
+absl::Status Engine::BroadcastPlan(const StepPlan& plan) {
+  if (world_ == nullptr || world_->size() == 1) return absl::OkStatus();
+  // Header: the plan's length in words; then the plan.
+  std::vector<int32_t> words = EncodeStepPlan(plan);
+  int32_t n = static_cast<int32_t>(words.size());
+  if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0); !s.ok()) {
+    return s;
   }
+  return world_->Broadcast({reinterpret_cast<uint8_t*>(words.data()), words.size() * 4}, 0);
+}
+
+absl::Status Engine::Step(const StepPlan& plan, std::span<float> logits) {
+  if (!in_flight_.empty()) {
+    return absl::FailedPreconditionError("step: pipelined steps are still in flight");
+  }
+  if (auto s = BroadcastPlan(plan); !s.ok()) return s;
   return Execute(plan, logits);
+}
+
+void Engine::StartStep(const StepPlan& plan) {
+  InFlight& f = in_flight_.emplace_back();
+  f.logits.resize(plan.n_logits() * model_->config().n_vocab);
+  f.status = BroadcastPlan(plan);
+  if (f.status.ok()) f.status = Execute(plan, f.logits, &f.recv);
+}
+
+absl::Status Engine::FinishStep(std::span<float> logits) {
+  if (in_flight_.empty()) return absl::FailedPreconditionError("step: no step in flight");
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (f.status.ok() && f.recv) f.status = f.recv->Wait();
+  if (!f.status.ok()) return f.status;
+  if (logits.size() != f.logits.size()) {
+    return absl::InvalidArgumentError(StrCat("step: logits buffer holds ", logits.size(),
+                                             " floats, the step made ", f.logits.size()));
+  }
+  std::copy(f.logits.begin(), f.logits.end(), logits.begin());
+  return absl::OkStatus();
 }
 
 absl::Status Engine::ServeFollower() {

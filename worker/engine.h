@@ -10,6 +10,7 @@
 // Not thread safe: the leader's scheduler thread calls Step().
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -65,8 +66,19 @@ class Engine {
   // Unavailable if a peer is gone.
   absl::Status Step(const StepPlan& plan, std::span<float> logits);
 
+  // Pipelined steps (the leader, pp > 1): StartStep broadcasts the plan and runs this rank's
+  // stage, leaving the logits' receive from the last stage posted; FinishStep waits for the
+  // oldest started step and copies its plan.n_logits() rows into `logits`. While stage 1 runs
+  // step i, stage 0 already runs step i + 1. Steps finish in the order they started; Step()
+  // refuses to run while any is unfinished. Without stages, StartStep runs the whole step.
+  // A failure (a malformed plan, a lost peer) is returned by the step's FinishStep.
+  void StartStep(const StepPlan& plan);
+  absl::Status FinishStep(std::span<float> logits);
+  int steps_in_flight() const { return static_cast<int>(in_flight_.size()); }
+
   const model::TpShard& shard() const { return forward_->shard(); }
   bool is_leader() const { return world_ == nullptr || world_->rank() == 0; }
+  int pipeline_stages() const { return pp_; }
   // Followers: execute the leader's steps until it stops them. Blocks.
   absl::Status ServeFollower();
   // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
@@ -77,7 +89,17 @@ class Engine {
 
  private:
   Engine() = default;
-  absl::Status Execute(const StepPlan& plan, std::span<float> logits);
+  absl::Status Execute(const StepPlan& plan, std::span<float> logits,
+                       std::unique_ptr<comm::PendingRecv>* logits_pending = nullptr);
+  absl::Status BroadcastPlan(const StepPlan& plan);
+
+  // A started step: its logits (filled by the posted receive, or already here) and status.
+  struct InFlight {
+    std::vector<float> logits;
+    std::unique_ptr<comm::PendingRecv> recv;
+    absl::Status status;
+  };
+  std::deque<InFlight> in_flight_;
 
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
@@ -88,6 +110,7 @@ class Engine {
   comm::Communicator* comm_ = nullptr;
   comm::Communicator* world_ = nullptr;
   int64_t ctx_size_ = 0;
+  int pp_ = 1;
   int64_t kv_bytes_per_token_ = 0;
   std::string cache_salt_;
 };

@@ -77,7 +77,8 @@ kernels::WeightMatrix LlamaForward::Materialise(const kernels::WeightMatrix& w) 
 }
 
 absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& arena,
-                                   std::span<float> logits) {
+                                   std::span<float> logits,
+                                   std::unique_ptr<comm::PendingRecv>* logits_pending) {
   const auto& c = model_.config();
   const kvstore::KvBlockShape& shape = arena.shape();
   if (shape.n_layers != n_layers() || shape.n_kv_heads != n_kv_heads() ||
@@ -156,6 +157,12 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
     }
   }
   if (n_out > 0 && place_.logits_from >= 0) {
+    if (logits_pending != nullptr) {
+      auto r = place_.world->RecvAsync(logits, place_.logits_from, kTagLogits);
+      if (!r.ok()) return r.status();
+      *logits_pending = std::move(*r);
+      return absl::OkStatus();
+    }
     if (auto s = place_.world->Recv(logits, place_.logits_from, kTagLogits); !s.ok()) return s;
   }
   return absl::OkStatus();

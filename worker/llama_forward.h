@@ -65,7 +65,11 @@ class LlamaForward {
   // plan order, filled on the leader (TP rank 0 of stage 0).
   // InvalidArgument for a malformed plan (bad token id, table not covering the positions, wrong
   // logits size); nothing is written to the arena then.
-  absl::Status Forward(const StepPlan& plan, kvstore::KvBlockArena& arena, std::span<float> logits);
+  // With `logits_pending` (pipelined steps): where the logits come from a later stage, their
+  // receive is posted into `logits` and returned there instead of waited for; the caller keeps
+  // `logits` alive until it has waited.
+  absl::Status Forward(const StepPlan& plan, kvstore::KvBlockArena& arena, std::span<float> logits,
+                       std::unique_ptr<comm::PendingRecv>* logits_pending = nullptr);
 
  private:
   // Runs rows [b, b + n) of the plan's tokens through this rank's layers.

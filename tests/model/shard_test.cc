@@ -100,7 +100,7 @@ namespace kvmesh::model {
 namespace {
 
 TEST(PipelineStages, SplitLayersContiguouslyAndEvenly) {
-  LlamaConfig c;
+  LlamaConfig c;  // no sizes: layers split evenly
   c.n_layers = 30;
   for (int pp : {1, 2, 4, 7, 30}) {
     int64_t next = 0;
@@ -116,6 +116,35 @@ TEST(PipelineStages, SplitLayersContiguouslyAndEvenly) {
     }
     EXPECT_EQ(next, 30);
   }
+}
+
+// SmolLM2-135M: a layer is 3.54 M multiply-adds per token, the LM head 28.3 M (8 layers), so
+// the last stage gets fewer layers; every stage keeps at least one.
+TEST(PipelineStages, LastStageCountsTheLmHead) {
+  LlamaConfig c;
+  c.n_layers = 30;
+  c.n_embd = 576;
+  c.n_ff = 1536;
+  c.n_heads = 9;
+  c.n_kv_heads = 3;
+  c.head_dim = 64;
+  c.n_vocab = 49152;
+  auto layers = [&](int pp) {
+    std::vector<int64_t> n;
+    int64_t next = 0;
+    for (int s = 0; s < pp; ++s) {
+      auto st = MakePipelineStage(c, s, pp);
+      EXPECT_TRUE(st.ok());
+      EXPECT_EQ(st->layer_begin, next);
+      next = st->layer_end;
+      n.push_back(st->layer_end - st->layer_begin);
+    }
+    EXPECT_EQ(next, 30);
+    return n;
+  };
+  EXPECT_EQ(layers(2), (std::vector<int64_t>{19, 11}));
+  EXPECT_EQ(layers(4), (std::vector<int64_t>{10, 9, 10, 1}));
+  EXPECT_EQ(layers(30), std::vector<int64_t>(30, 1));
   auto bad = MakePipelineStage(c, 0, 31);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -121,6 +123,47 @@ std::vector<int32_t> Tokens(int n, int seed) {
   for (auto& x : t) x = 1 + static_cast<int32_t>(rng() % (kVocab - 1));
   return t;
 }
+
+// A randomized workload: each round submits 0-2 prompts over a few shared documents (some in
+// sessions), sometimes cancels a request, then runs `step` 0-3 times. Afterwards every
+// request must have ended once, cancelled or with exactly what the model says.
+struct Soak {
+  std::mt19937 rng;
+  std::vector<std::vector<int32_t>> docs = {Tokens(20, 1), Tokens(33, 2), Tokens(9, 3)};
+  std::map<RequestId, std::vector<int32_t>> prompts;
+  std::map<RequestId, int> max_tokens;
+  explicit Soak(uint32_t seed) : rng(seed) {}
+  void Run(Harness& h, int rounds, int cancel_one_in, const std::function<void()>& step) {
+    for (int round = 0; round < rounds; ++round) {
+      for (int k = rng() % 3; k > 0; --k) {
+        auto p = docs[rng() % docs.size()];
+        for (int32_t t : Tokens(1 + rng() % 10, round * 10 + k)) p.push_back(t);
+        const int n = 1 + rng() % 12;
+        const std::string session =
+            rng() % 3 == 0 ? std::string("s").append(std::to_string(rng() % 5)) : "";
+        const RequestId id = h.Submit(p, n, session);
+        prompts[id] = p;
+        max_tokens[id] = n;
+      }
+      if (rng() % cancel_one_in == 0 && !prompts.empty()) {
+        h.sched.Cancel(std::next(prompts.begin(), rng() % prompts.size())->first);
+      }
+      for (int s = rng() % 4; s > 0; --s) step();
+      ASSERT_TRUE(h.sched.blocks().Consistent());
+    }
+  }
+  void Check(Harness& h) {
+    for (const auto& [id, p] : prompts) {
+      ASSERT_EQ(h.done.count(id), 1u);
+      const Completion& c = h.done[id];
+      if (!c.status.ok()) {
+        EXPECT_TRUE(absl::IsCancelled(c.status)) << c.status;
+        continue;
+      }
+      EXPECT_EQ(c.tokens, Expected(p, max_tokens[id])) << "request " << id;
+    }
+  }
+};
 
 TEST(Scheduler, OneRequestGeneratesWhatTheModelSays) {
   Harness h({.n_blocks = 16, .block_size = 4});
@@ -367,37 +410,74 @@ TEST(Scheduler, RandomizedSoakKeepsOutputsAndLeaksNothing) {
              .max_sessions = 3,
              .preempt_probability = 0.2,
              .preempt_seed = 5});
-  std::mt19937 rng(99);
-  std::vector<std::vector<int32_t>> docs = {Tokens(20, 1), Tokens(33, 2), Tokens(9, 3)};
-  std::map<RequestId, std::vector<int32_t>> prompts;
-  std::map<RequestId, int> max_tokens;
-  for (int round = 0; round < 60; ++round) {
-    for (int k = rng() % 3; k > 0; --k) {
-      auto p = docs[rng() % docs.size()];
-      for (int32_t t : Tokens(1 + rng() % 10, round * 10 + k)) p.push_back(t);
-      const int n = 1 + rng() % 12;
-      const std::string session =
-          rng() % 3 == 0 ? std::string("s").append(std::to_string(rng() % 5)) : "";
-      const RequestId id = h.Submit(p, n, session);
-      prompts[id] = p;
-      max_tokens[id] = n;
-    }
-    if (rng() % 7 == 0 && !prompts.empty()) {
-      h.sched.Cancel(std::next(prompts.begin(), rng() % prompts.size())->first);
-    }
-    for (int s = rng() % 4; s > 0; --s) ASSERT_TRUE(h.sched.Step().ok());
-    ASSERT_TRUE(h.sched.blocks().Consistent());
-  }
+  Soak soak(99);
+  soak.Run(h, 60, 7, [&] { ASSERT_TRUE(h.sched.Step().ok()); });
   h.Drain();
-  for (const auto& [id, p] : prompts) {
-    ASSERT_EQ(h.done.count(id), 1u);
-    const Completion& c = h.done[id];
-    if (!c.status.ok()) {
-      EXPECT_TRUE(absl::IsCancelled(c.status)) << c.status;
-      continue;
+  soak.Check(h);
+  h.ExpectNoLeaks();
+}
+
+// Pipelined steps (max_steps_in_flight = 2, as for pp = 2): the fake model runs each plan when
+// it is begun, in order, as the stages would; its logits come back one step later. Sequences
+// of the unfinished step sit out the next one, so outputs stay exact under preemption, cancels,
+// sessions and a tight pool, and both steps have sequences.
+TEST(Scheduler, PipelinedStepsKeepOutputsAndSplitTheBatch) {
+  Harness h({.n_blocks = 40,
+             .block_size = 4,
+             .max_seqs = 6,
+             .max_batched_tokens = 12,
+             .max_sessions = 3,
+             .max_steps_in_flight = 2,
+             .preempt_probability = 0.2,
+             .preempt_seed = 7});
+  std::deque<std::vector<float>> in_flight;
+  int both_busy = 0;
+  auto step = [&] {
+    for (worker::StepPlan plan; h.sched.BeginStep(plan);) {
+      std::vector<float> logits(plan.n_logits() * kVocab);
+      EXPECT_TRUE(h.model.Run(plan, logits).ok());
+      in_flight.push_back(std::move(logits));
     }
-    EXPECT_EQ(c.tokens, Expected(p, max_tokens[id])) << "request " << id;
-  }
+    EXPECT_LE(in_flight.size(), 2u);
+    both_busy += in_flight.size() == 2;
+    if (in_flight.empty()) return;
+    EXPECT_TRUE(h.sched.FinishStep(absl::OkStatus(), in_flight.front()).ok());
+    in_flight.pop_front();
+  };
+  // Cancels hit sequences in flight too: they end when their step finishes.
+  Soak soak(17);
+  soak.Run(h, 60, 5, step);
+  for (int i = 0; (!h.sched.idle() || !in_flight.empty()) && i < 100000; ++i) step();
+  ASSERT_TRUE(h.sched.idle());
+  EXPECT_EQ(h.sched.steps_in_flight(), 0);
+  EXPECT_GT(both_busy, 20);
+  soak.Check(h);
+  EXPECT_GT(h.sched.stats().preemptions, 0);
+  h.ExpectNoLeaks();
+}
+
+// A cancel of a sequence whose step is in flight waits for that step; on_done comes once.
+TEST(Scheduler, CancelOfASequenceInFlightEndsItWhenItsStepFinishes) {
+  Harness h({.n_blocks = 16, .block_size = 4, .max_steps_in_flight = 2});
+  const RequestId a = h.Submit(Tokens(6, 1), 5);
+  const RequestId b = h.Submit(Tokens(6, 2), 5);
+  worker::StepPlan p1, p2, p3;
+  ASSERT_TRUE(h.sched.BeginStep(p1));   // a (its share of two running sequences)
+  ASSERT_TRUE(h.sched.BeginStep(p2));   // b
+  EXPECT_FALSE(h.sched.BeginStep(p3));  // two in flight
+  EXPECT_EQ(p1.seqs.size(), 1u);
+  EXPECT_EQ(p2.seqs.size(), 1u);
+  std::vector<float> l1(p1.n_logits() * kVocab), l2(p2.n_logits() * kVocab);
+  ASSERT_TRUE(h.model.Run(p1, l1).ok());
+  ASSERT_TRUE(h.model.Run(p2, l2).ok());
+  EXPECT_TRUE(h.sched.Cancel(a));
+  EXPECT_EQ(h.done.count(a), 0u);  // still in flight
+  ASSERT_TRUE(h.sched.FinishStep(absl::OkStatus(), l1).ok());
+  ASSERT_EQ(h.done.count(a), 1u);
+  EXPECT_TRUE(absl::IsCancelled(h.done[a].status));
+  ASSERT_TRUE(h.sched.FinishStep(absl::OkStatus(), l2).ok());
+  h.Drain();
+  EXPECT_EQ(h.done[b].tokens, Expected(Tokens(6, 2), 5));
   h.ExpectNoLeaks();
 }
 
