@@ -44,7 +44,7 @@ constexpr char kUsage[] =
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
     "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
-    "            [--max-batched-tokens 512]\n"
+    "            [--max-batched-tokens 512] [--tp-collectives shm|mpi]\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
@@ -267,8 +267,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     std::cout << pending.substr(0, n) << std::flush;
     pending.erase(0, n);
   };
-  const double comm0 = e.comm_seconds();
-  const int64_t calls0 = e.comm_calls();
+  const worker::CommStats comm0 = e.comm_stats();
   auto r = se.Generate(req, on_token);
   if (!r.ok()) return Fail(r.status());
   if (!r->status.ok()) return Fail(r->status);
@@ -288,8 +287,15 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["decode_tokens_per_s"] = decode_ms > 0 ? n_dec * 1000.0 / decode_ms : 0.0;
     j["threads"] = e.threads();
     j["tp"] = e.shard().tp_size;
-    j["comm_ms"] = (e.comm_seconds() - comm0) * 1e3;
-    j["comm_calls"] = e.comm_calls() - calls0;
+    // This run's TP collectives on the leader (see worker::CommStats).
+    const worker::CommStats& comm = e.comm_stats();
+    j["comm_ms"] = (comm.total_s() - comm0.total_s()) * 1e3;
+    j["allreduce_ms"] = (comm.allreduce_s - comm0.allreduce_s) * 1e3;
+    j["allreduce_wait_ms"] = (comm.allreduce_wait_s - comm0.allreduce_wait_s) * 1e3;
+    j["allreduces"] = comm.allreduces - comm0.allreduces;
+    j["gather_ms"] = (comm.gather_s - comm0.gather_s) * 1e3;
+    j["gather_wait_ms"] = (comm.gather_wait_s - comm0.gather_wait_s) * 1e3;
+    j["gathers"] = comm.gathers - comm0.gathers;
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";

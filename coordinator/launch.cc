@@ -4,6 +4,7 @@
 #include <iostream>
 #include <vector>
 
+#include "comm/shm/shm_communicator.h"
 #include "model/shard.h"
 #include "util/str_cat.h"
 
@@ -33,6 +34,7 @@ Launch::~Launch() {
   remotes.clear();
   engine.reset();
   tp_comm.reset();  // communicators go before MPI_Finalize
+  tp_mpi.reset();
   replica_comm.reset();
   world_comm.reset();
 }
@@ -65,8 +67,8 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 
 const std::set<std::string>& LaunchFlagNames() {
   static const std::set<std::string> names = {
-      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem", "block-size",
-      "max-seqs", "max-batched-tokens", "max-waiting", "dp"};
+      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem",  "block-size",
+      "max-seqs", "max-batched-tokens", "max-waiting", "dp", "tp-collectives"};
   return names;
 }
 
@@ -93,6 +95,11 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_waiting.ok()) return max_waiting.status();
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
+  const std::string collectives = f.String("tp-collectives", "shm");
+  if (collectives != "shm" && collectives != "mpi") {
+    return absl::InvalidArgumentError(
+        StrCat("--tp-collectives must be shm or mpi, not '", collectives, "'"));
+  }
   l.dp = static_cast<int>(*dp);
   const int64_t per_replica = *tp * *pp;
   if (*dp * per_replica > 1 || comm::MpiRuntime::LaunchedWithMultipleRanks()) {
@@ -112,6 +119,16 @@ absl::Status SetUp(const Flags& f, Launch& l) {
     auto tp_comm = comm::CreateMpiCommunicator(l.rank / l.tp, l.rank % l.tp);
     if (!tp_comm.ok()) return tp_comm.status();
     l.tp_comm = std::move(*tp_comm);
+    // A TP group on one machine sums through shared memory (comm/shm/); MPI otherwise.
+    if (l.tp > 1 && collectives == "shm") {
+      auto shm = comm::CreateShmCommunicator(*l.tp_comm);
+      if (shm.ok()) {
+        l.tp_mpi = std::move(l.tp_comm);
+        l.tp_comm = std::move(*shm);
+      } else if (shm.status().code() != absl::StatusCode::kFailedPrecondition) {
+        return shm.status();
+      }
+    }
     auto replica_comm = comm::CreateMpiCommunicator(static_cast<int>(l.rank / per_replica),
                                                     static_cast<int>(l.rank % per_replica));
     if (!replica_comm.ok()) return replica_comm.status();

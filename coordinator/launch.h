@@ -30,6 +30,7 @@ std::string ModelPath(const Flags& f);
 struct Launch {
   std::unique_ptr<comm::MpiRuntime> mpi;
   std::unique_ptr<comm::Communicator> tp_comm, replica_comm, world_comm;
+  std::unique_ptr<comm::Communicator> tp_mpi;  // the MPI group under a shared-memory tp_comm
   std::unique_ptr<worker::Engine> engine;
   std::vector<std::unique_ptr<worker::RemoteReplica>> remotes;  // rank 0: replicas 1..dp-1
   std::unique_ptr<serving::ServingEngine> serving;              // the coordinator's (rank 0) only
@@ -38,10 +39,10 @@ struct Launch {
 };
 
 // Reads --threads --ctx-size --tp --pp --model --print-plan --kv-cache-mem (MiB per rank)
-// --block-size --max-seqs --max-batched-tokens --no-prefix-reuse, starts MPI when the run has more
-// than one rank, checks the world size and loads the engine on every rank. A failure on any
-// rank is returned on every rank, naming the first failing rank. Rank 0 also gets the serving
-// engine.
+// --block-size --max-seqs --max-batched-tokens --no-prefix-reuse --tp-collectives, starts MPI when
+// the run has more than one rank, checks the world size and loads the engine on every rank. A
+// failure on any rank is returned on every rank, naming the first failing rank. Rank 0 also gets
+// the serving engine.
 absl::Status SetUp(const Flags& f, Launch& l);
 
 // Runs `leader` on rank 0 while the other ranks follow its steps. Returns the process's exit

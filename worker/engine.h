@@ -83,9 +83,8 @@ class Engine {
   absl::Status ServeFollower();
   // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
   absl::Status StopFollowers();
-  // Time in TP collectives since construction (see LlamaForward).
-  double comm_seconds() const { return forward_->comm_seconds(); }
-  int64_t comm_calls() const { return forward_->comm_calls(); }
+  // Time in TP collectives since construction (see CommStats).
+  const CommStats& comm_stats() const { return forward_->comm_stats(); }
 
  private:
   Engine() = default;

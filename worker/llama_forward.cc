@@ -126,30 +126,37 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
       kernels::MatMulCpu(
           MatMulArgs{output_, hidden_out_.data(), logits.data(), n_out, output_.rows}, pool_);
     } else {
-      // Each rank computes its vocabulary rows for every output: [n_out, v_r]. Gathered
-      // rank-major on TP rank 0, then interleaved into [n_out, n_vocab].
-      local_logits_.resize(n_out * output_.rows);
+      // Each rank computes its vocabulary rows for every output: [n_out, v_r], followed by its
+      // arrival stamp (2 floats, see Stamp). Gathered rank-major on TP rank 0, then
+      // interleaved into [n_out, n_vocab].
+      const int64_t mine = n_out * output_.rows;
+      local_logits_.resize(mine + 2);
       kernels::MatMulCpu(
           MatMulArgs{output_, hidden_out_.data(), local_logits_.data(), n_out, output_.rows},
           pool_);
       std::vector<int> counts(vocab_counts_.size());
       for (size_t r = 0; r < counts.size(); ++r)
-        counts[r] = static_cast<int>(n_out) * vocab_counts_[r];
-      gathered_.resize(shard_.tp_rank == 0 ? n_out * c.n_vocab : 0);
+        counts[r] = static_cast<int>(n_out) * vocab_counts_[r] + 2;
+      gathered_.resize(shard_.tp_rank == 0 ? n_out * c.n_vocab + 2 * counts.size() : 0);
       const auto t0 = std::chrono::steady_clock::now();
+      Stamp(t0, local_logits_.data() + mine);
       const absl::Status s = comm_->GatherV(local_logits_, gathered_, counts, 0);
-      CountComm(t0);
+      const double in_call = Since(t0);
+      comm_stats_.gather_s += in_call;
+      ++comm_stats_.gathers;
       if (!s.ok()) return s;
       if (shard_.tp_rank == 0) {
-        int64_t off = 0, vbegin = 0;
+        int64_t off = 0, vbegin = 0, last = 0;
         for (int v : vocab_counts_) {
           for (int64_t i = 0; i < n_out; ++i) {
             std::memcpy(logits.data() + i * c.n_vocab + vbegin, gathered_.data() + off + i * v,
                         sizeof(float) * v);
           }
-          off += n_out * v;
+          last = std::max(last, Unstamp(t0, gathered_.data() + off + n_out * v));
+          off += n_out * v + 2;
           vbegin += v;
         }
+        comm_stats_.gather_wait_s += Waited(t0, last, in_call);
       }
     }
     if (place_.logits_to >= 0 && shard_.tp_rank == 0) {
@@ -168,17 +175,45 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
   return absl::OkStatus();
 }
 
-void LlamaForward::CountComm(std::chrono::steady_clock::time_point t0) {
-  comm_ns_ +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-          .count();
-  ++comm_calls_;
+double LlamaForward::Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Arrival stamps: each rank sends the time it entered a collective (steady clock, shared by the
+// processes of one machine) as two 24-bit integers in floats, which sums with zeros and copies
+// keep exact. The latest stamp is when the last rank arrived: time in the call before it is
+// waiting for a slower rank, time after it is the transfer itself.
+void LlamaForward::Stamp(std::chrono::steady_clock::time_point t, float* out) {
+  const int64_t ns = t.time_since_epoch().count();
+  out[0] = static_cast<float>((ns >> 24) & 0xFFFFFF);
+  out[1] = static_cast<float>(ns & 0xFFFFFF);
+}
+
+int64_t LlamaForward::Unstamp(std::chrono::steady_clock::time_point near, const float* in) {
+  const int64_t top = near.time_since_epoch().count() & ~((int64_t{1} << 48) - 1);
+  return top | static_cast<int64_t>(in[0]) << 24 | static_cast<int64_t>(in[1]);
+}
+
+double LlamaForward::Waited(std::chrono::steady_clock::time_point enter, int64_t last,
+                            double in_call) {
+  const double w = static_cast<double>(last - enter.time_since_epoch().count()) * 1e-9;
+  return std::clamp(w, 0.0, in_call);
+}
+
+// The all-reduce carries every rank's arrival stamp in its own two slots after the n values.
 absl::Status LlamaForward::AllReduce(int64_t n) {
+  const int tp = shard_.tp_size;
+  float* stamps = tmp_.data() + n;
+  std::fill(stamps, stamps + 2 * tp, 0.0f);
   const auto t0 = std::chrono::steady_clock::now();
-  const absl::Status s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n)});
-  CountComm(t0);
+  Stamp(t0, stamps + 2 * shard_.tp_rank);
+  const absl::Status s = comm_->AllReduceSum({tmp_.data(), static_cast<size_t>(n + 2 * tp)});
+  const double in_call = Since(t0);
+  comm_stats_.allreduce_s += in_call;
+  ++comm_stats_.allreduces;
+  int64_t last = 0;
+  for (int r = 0; r < tp; ++r) last = std::max(last, Unstamp(t0, stamps + 2 * r));
+  comm_stats_.allreduce_wait_s += Waited(t0, last, in_call);
   return s;
 }
 
@@ -197,7 +232,7 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
   k_.resize(n * KV * hd);
   v_.resize(n * KV * hd);
   attn_.resize(n * H * hd);
-  tmp_.resize(n * E);
+  tmp_.resize(n * E + 2 * shard_.tp_size);  // + the all-reduce's arrival stamps
   gate_.resize(n * F);
   up_.resize(n * F);
   pos_.resize(n);

@@ -35,6 +35,18 @@ struct PipelinePlace {
   int logits_from = -1;  // on the leader: the last stage's TP rank 0 (if not itself)
 };
 
+// Wall time inside the TP collectives (a rank's own view).
+struct CommStats {
+  double allreduce_s = 0;       // in the per-layer all-reduces, waiting included
+  double allreduce_wait_s = 0;  // of which before the last rank arrived: waiting for slower
+                                // ranks (uneven work, scheduling), not moving data
+  int64_t allreduces = 0;
+  double gather_s = 0;       // gathering the LM head's vocabulary slices on TP rank 0
+  double gather_wait_s = 0;  // of which before the last rank arrived (TP rank 0 only)
+  int64_t gathers = 0;
+  double total_s() const { return allreduce_s + gather_s; }
+};
+
 class LlamaForward {
  public:
   // Prefill is processed in micro-batches of at most max_batch tokens (bounds scratch memory).
@@ -53,10 +65,8 @@ class LlamaForward {
   // KV heads this rank caches (the arena passed to Forward must have this many).
   int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
   const model::TpShard& shard() const { return shard_; }
-  // Wall time spent inside collectives (all-reduces and the logits gather) since construction,
-  // including waiting for slower ranks.
-  double comm_seconds() const { return comm_ns_ * 1e-9; }
-  int64_t comm_calls() const { return comm_calls_; }
+  // Time inside this rank's TP collectives since construction.
+  const CommStats& comm_stats() const { return comm_stats_; }
 
   // Runs one step's batch of sequence chunks (plan.copies are the caller's): chunk i's tokens
   // at positions [pos0, pos0 + n_tokens), writing their K/V into its blocks of `arena` and
@@ -76,7 +86,10 @@ class LlamaForward {
   absl::Status Batch(const StepPlan& plan, int64_t b, int64_t n, kvstore::KvBlockArena& arena);
   absl::Status AllReduce(int64_t n);  // sums tmp_[0, n) over the TP group
   kernels::WeightMatrix Materialise(const kernels::WeightMatrix& w);  // copy into owned_
-  void CountComm(std::chrono::steady_clock::time_point t0);
+  static double Since(std::chrono::steady_clock::time_point t0);
+  static void Stamp(std::chrono::steady_clock::time_point t, float* out);
+  static int64_t Unstamp(std::chrono::steady_clock::time_point near, const float* in);
+  static double Waited(std::chrono::steady_clock::time_point enter, int64_t last, double in_call);
 
   const model::LlamaModel& model_;
   kernels::ThreadPool& pool_;
@@ -91,7 +104,7 @@ class LlamaForward {
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;
   std::vector<int> vocab_counts_;
-  int64_t comm_ns_ = 0, comm_calls_ = 0;
+  CommStats comm_stats_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   std::vector<int32_t> pos_;
   // Per plan row: its chunk and, for the last stage, which logits row it feeds (-1: none).

@@ -5,12 +5,14 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/shm/shm_communicator.h"
 #include "kernels/fp16.h"
 #include "tests/util/mpi_test_main.h"
 
@@ -31,10 +33,24 @@ std::unique_ptr<Communicator> MakePairs() {
   const int r = g_mpi->world_rank();
   return *CreateMpiCommunicator(r / 2, r % 2);
 }
+// The shared-memory fast path over an MPI group (which it also delegates to); the group lives
+// as long as the process (one per test).
+std::unique_ptr<Communicator> OverShm(std::unique_ptr<Communicator> group) {
+  auto shm = CreateShmCommunicator(*group);
+  EXPECT_TRUE(shm.ok()) << shm.status();
+  static std::vector<std::unique_ptr<Communicator>> groups;
+  groups.push_back(std::move(group));
+  return shm.ok() ? std::move(*shm) : nullptr;
+}
+std::unique_ptr<Communicator> MakeShmWorld() { return OverShm(MakeWorld()); }
+std::unique_ptr<Communicator> MakeShmPairs() { return OverShm(MakePairs()); }
 
 class Conformance : public ::testing::TestWithParam<Backend> {
  protected:
-  void SetUp() override { c_ = GetParam().make(); }
+  void SetUp() override {
+    c_ = GetParam().make();
+    ASSERT_NE(c_, nullptr);
+  }
   std::unique_ptr<Communicator> c_;
 };
 
@@ -46,7 +62,8 @@ TEST_P(Conformance, RankAndSize) {
 
 TEST_P(Conformance, AllReduceSumsEveryRanksValues) {
   const int n = c_->size(), r = c_->rank();
-  for (size_t len : {size_t{1}, size_t{576}, size_t{576 * 37}}) {
+  // 300,000 floats: beyond the shared-memory slots, delegated to MPI there.
+  for (size_t len : {size_t{1}, size_t{576}, size_t{576 * 37}, size_t{300000}}) {
     std::vector<float> buf(len);
     for (size_t i = 0; i < len; ++i) buf[i] = static_cast<float>((r + 1) * 1000 + i % 97);
     ASSERT_TRUE(c_->AllReduceSum(buf).ok());
@@ -74,6 +91,22 @@ TEST_P(Conformance, HalfAllReduceSumsBinary16AndBfloat16) {
           (i % 2 ? -1.0f : 1.0f) * n * (n + 1) / 2.0f + n * 0.25f * static_cast<float>(i % 3);
       ASSERT_EQ(from(buf[i]), want) << (type == HalfType::kF16 ? "fp16" : "bf16") << " " << i;
     }
+  }
+}
+
+// Sums of inexact values: every rank must end with the same bits (the ranks' activations must
+// not drift apart).
+TEST_P(Conformance, AllReduceGivesEveryRankTheSameBits) {
+  const int n = c_->size(), r = c_->rank();
+  std::vector<float> buf(1000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = 1.0f / static_cast<float>(3 + r * 7 + i);
+  ASSERT_TRUE(c_->AllReduceSum(buf).ok());
+  std::vector<float> all(buf.size() * n);
+  ASSERT_TRUE(c_->GatherV(buf, all, std::vector<int>(n, static_cast<int>(buf.size())), 0).ok());
+  if (r != 0) return;
+  for (int q = 1; q < n; ++q) {
+    ASSERT_EQ(std::memcmp(all.data(), all.data() + q * buf.size(), buf.size() * sizeof(float)), 0)
+        << "rank " << q;
   }
 }
 
@@ -149,7 +182,9 @@ TEST_P(Conformance, BarrierReturns) { EXPECT_TRUE(c_->Barrier().ok()); }
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
                          ::testing::Values(Backend{"self", MakeSelf},
                                            Backend{"mpi_world", MakeWorld},
-                                           Backend{"mpi_pairs", MakePairs}),
+                                           Backend{"mpi_pairs", MakePairs},
+                                           Backend{"shm_world", MakeShmWorld},
+                                           Backend{"shm_pairs", MakeShmPairs}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

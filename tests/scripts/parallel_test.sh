@@ -30,13 +30,14 @@ for i in "${!prompts[@]}"; do
   p="${prompts[$i]}"
   "$bin" run "${common[@]}" --prompt "$p" >"$work/ref.$i.json" || fail "single-process run"
   "$bin" logits --model "$model" --threads 1 --top-k 49152 --prompt "$p" >"$work/ref.$i.logits" || fail "single-process logits"
-  for cfg in "1 1" "2 1" "3 1" "4 1" "1 2" "2 2"; do
-    read -r tp pp <<<"$cfg"
+  # TP groups sum through shared memory by default; "mpi" runs the same through MPI collectives.
+  for cfg in "1 1 shm" "2 1 shm" "2 1 mpi" "3 1 shm" "4 1 shm" "1 2 shm" "2 2 shm"; do
+    read -r tp pp coll <<<"$cfg"
     np=$((tp * pp))
-    tag="tp$tp.pp$pp"
-    "${mpi[@]}" -np "$np" "$bin" run --tp "$tp" --pp "$pp" "${common[@]}" --prompt "$p" >"$work/$tag.$i.json" 2>"$work/err" ||
+    tag="tp$tp.pp$pp.$coll"
+    "${mpi[@]}" -np "$np" "$bin" run --tp "$tp" --pp "$pp" --tp-collectives "$coll" "${common[@]}" --prompt "$p" >"$work/$tag.$i.json" 2>"$work/err" ||
       fail "$tag run: $(tail -n 5 "$work/err")"
-    "${mpi[@]}" -np "$np" "$bin" logits --tp "$tp" --pp "$pp" --model "$model" --threads 1 --top-k 49152 --prompt "$p" \
+    "${mpi[@]}" -np "$np" "$bin" logits --tp "$tp" --pp "$pp" --tp-collectives "$coll" --model "$model" --threads 1 --top-k 49152 --prompt "$p" \
       >"$work/$tag.$i.logits" 2>"$work/err" || fail "$tag logits: $(tail -n 5 "$work/err")"
     python3 - "$work/ref.$i.json" "$work/$tag.$i.json" "$work/ref.$i.logits" "$work/$tag.$i.logits" "$tag" <<'PY' || exit 1
 import json, math, sys
@@ -89,7 +90,8 @@ json.dump([doc + " Where is item 9?", "Name a fruit.", doc + " Where is item 21?
 PY
 batch=(--model "$model" --threads 1 --temperature 0 --max-tokens 12 --chat --prompts "$work/batch.json")
 "$bin" run "${batch[@]}" --max-seqs 1 --no-prefix-reuse >"$work/batch.ref" 2>/dev/null || fail "batch alone"
-for cfg in "2 1" "1 2"; do
+# pp > 1 keeps pp steps in flight (the stages overlap); 2 x 2 pipelines TP groups.
+for cfg in "2 1" "1 2" "2 2"; do
   read -r tp pp <<<"$cfg"
   "${mpi[@]}" -np $((tp * pp)) "$bin" run --tp "$tp" --pp "$pp" "${batch[@]}" --max-seqs 1 --no-prefix-reuse \
     >"$work/batch.alone.$tp.$pp" 2>"$work/err" || fail "batch alone tp=$tp pp=$pp: $(tail -n 3 "$work/err")"
