@@ -28,8 +28,8 @@ struct TpShard {
 };
 
 // A pipeline stage: a contiguous range of layers, split so that every stage has about the same
-// matrix work per token (the last stage's LM head counts as layers). The first stage embeds the
-// tokens; the last applies the final norm and the LM head.
+// matrix work per token (the last stage's LM head counts as layers, at half weight). The first
+// stage embeds the tokens; the last applies the final norm and the LM head.
 struct PipelineStage {
   int stage = 0, n_stages = 1;
   int64_t layer_begin = 0, layer_end = 0;
