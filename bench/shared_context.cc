@@ -10,6 +10,7 @@
 //
 //   build/bin/shared_context_bench [--model PATH] [--threads N] [--contexts 1024,4096,8192]
 //       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
+//       [--decode-only]  (skip the TTFT runs)
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -174,7 +175,7 @@ int Main(int argc, char** argv) {
   auto f = coordinator::Flags::Parse(
       argc, argv, 1,
       {"model", "threads", "contexts", "kind", "concurrency", "decode-tokens", "kv-cache-mem"},
-      {"json"});
+      {"json", "decode-only"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
@@ -207,6 +208,7 @@ int Main(int argc, char** argv) {
     const int target = static_cast<int>(std::min<int64_t>(ctx, e.ctx_size() - 400));
     const Workload w = Make(kind, target, e.tokenizer(), 1234 + ctx);
     for (bool multi_turn : {true, false}) {
+      if (f->Has("decode-only")) break;
       const char* mode = multi_turn ? "multi-turn" : "multi-request";
       auto on = RunMode(e, w, multi_turn, true);
       if (!on.ok()) return coordinator::Fail(on.status());
