@@ -48,6 +48,9 @@ class Communicator {
   // from one peer and tag match its sends in order.
   virtual absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float> buf, int src,
                                                                  int tag) = 0;
+  // Every rank receives every rank's `mine` (the same length everywhere) concatenated in rank
+  // order into `all` (size() x mine.size()).
+  virtual absl::Status AllGather(std::span<const float> mine, std::span<float> all) = 0;
   // The root receives every rank's `mine` concatenated in rank order into `all`; counts[r] is
   // rank r's length and must be the same list on every rank. `all` is unused on other ranks.
   virtual absl::Status GatherV(std::span<const float> mine, std::span<float> all,

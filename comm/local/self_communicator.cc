@@ -25,6 +25,11 @@ class SelfCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float>, int src, int) override {
     return absl::InvalidArgumentError("recv: a 1-rank group has no peer " + std::to_string(src));
   }
+  absl::Status AllGather(std::span<const float> mine, std::span<float> all) override {
+    if (all.size() < mine.size()) return absl::InvalidArgumentError("all-gather: buffer too small");
+    std::copy(mine.begin(), mine.end(), all.begin());
+    return absl::OkStatus();
+  }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
     if (root != 0 || counts.size() != 1 || counts[0] != static_cast<int>(mine.size()) ||

@@ -135,6 +135,15 @@ class MpiCommunicator final : public Communicator {
         MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &req));
     return std::unique_ptr<PendingRecv>(new MpiPendingRecv(req, buf.size(), src));
   }
+  absl::Status AllGather(std::span<const float> mine, std::span<float> all) override {
+    if (all.size() < mine.size() * size_) {
+      return absl::InvalidArgumentError("all-gather: receive buffer too small");
+    }
+    KVMESH_MPI_RETURN_IF_ERROR(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT,
+                                             all.data(), static_cast<int>(mine.size()), MPI_FLOAT,
+                                             comm_));
+    return absl::OkStatus();
+  }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
     if (static_cast<int>(counts.size()) != size_ ||

@@ -158,6 +158,15 @@ class NcclCommunicator final : public Communicator {
     }
     return std::unique_ptr<PendingRecv>(new NcclPendingRecv(done));
   }
+  absl::Status AllGather(std::span<const float> mine, std::span<float> all) override {
+    if (all.size() < mine.size() * size_) {
+      return absl::InvalidArgumentError("all-gather: receive buffer too small");
+    }
+    KVMESH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    KVMESH_NCCL_RETURN_IF_ERROR(ncclAllGather(mine.data(), all.data(), mine.size(), ncclFloat32,
+                                              comm_.get(), stream_.get()));
+    return Wait();
+  }
   // NCCL has no gatherv: the root posts one receive per peer inside a group.
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {

@@ -84,6 +84,19 @@ class ShmCommunicator final : public Communicator {
                                                          int tag) override {
     return group_.RecvAsync(buf, src, tag);
   }
+  absl::Status AllGather(std::span<const float> mine, std::span<float> all) override {
+    if (all.size() < mine.size() * size_) {
+      return absl::InvalidArgumentError("all-gather: receive buffer too small");
+    }
+    if (mine.size() > kSlotFloats) return group_.AllGather(mine, all);
+    const uint64_t gen = Publish(mine);
+    if (auto s = WaitForAll(gen); !s.ok()) return s;
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(all.data() + r * mine.size(), Slot(static_cast<int>(gen & 1), r),
+                  mine.size() * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
   absl::Status GatherV(std::span<const float> mine, std::span<float> all,
                        std::span<const int> counts, int root) override {
     if (static_cast<int>(counts.size()) != size_ ||

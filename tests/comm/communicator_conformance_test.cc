@@ -138,6 +138,23 @@ TEST_P(Conformance, GatherVConcatenatesInRankOrder) {
   EXPECT_FALSE(c_->GatherV(mine, all, wrong, 0).ok());
 }
 
+TEST_P(Conformance, AllGatherGivesEveryRankEveryRanksValues) {
+  const int n = c_->size(), r = c_->rank();
+  // 300,000 floats: beyond the shared-memory slots, delegated to MPI there.
+  for (size_t len : {size_t{1}, size_t{576}, size_t{300000}}) {
+    std::vector<float> mine(len), all(len * n, -1.0f);
+    for (size_t i = 0; i < len; ++i) mine[i] = static_cast<float>(r * 1000 + i % 101);
+    ASSERT_TRUE(c_->AllGather(mine, all).ok());
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < len; ++i)
+        ASSERT_EQ(all[q * len + i], static_cast<float>(q * 1000 + i % 101)) << q << " " << i;
+    }
+  }
+  std::vector<float> small(1);
+  std::vector<float> mine(2);
+  EXPECT_EQ(c_->AllGather(mine, small).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(Conformance, SendRecvAroundARing) {
   const int n = c_->size(), r = c_->rank();
   std::vector<float> out(64, static_cast<float>(r)), in(64, -1.0f);

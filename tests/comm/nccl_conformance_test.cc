@@ -78,6 +78,15 @@ TEST_F(Nccl, AllReduceBroadcastGatherSendRecv) {
       for (float v : dev_.Download(buf, 64)) ASSERT_EQ(v, 0.0f);
     }
   }
+  {
+    float* mine64 = dev_.Upload(std::vector<float>(64, static_cast<float>(r)));
+    float* all64 = dev_.Upload(std::vector<float>(64 * n, -1.0f));
+    ASSERT_TRUE(c_->AllGather({mine64, 64}, {all64, static_cast<size_t>(64 * n)}).ok());
+    const auto got64 = dev_.Download(all64, 64 * n);
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < 64; ++i) ASSERT_EQ(got64[q * 64 + i], static_cast<float>(q));
+    }
+  }
   // 16-bit sums, exact in both formats.
   for (HalfType type : {HalfType::kF16, HalfType::kBF16}) {
     const auto to = type == HalfType::kF16 ? kernels::FloatToFp16 : kernels::FloatToBf16;
