@@ -62,8 +62,12 @@ struct AttentionSeq {
 };
 
 // The same attention for a batch of sequences over a paged cache. k / v are one layer's K / V
-// in block 0: position p of kv head h of a sequence starts at
-//   k + block_table[p / block_size] * block_stride + (p % block_size) * pos_stride + h * head_dim.
+// in block 0. V of position p, kv head h of a sequence starts at
+//   v + block_table[p / block_size] * block_stride + (p % block_size) * pos_stride + h * head_dim;
+// K is transposed within a block ([n_kv_heads, head_dim, block_size]): its dim i is at
+//   k + block_table[p / block_size] * block_stride + (h * head_dim + i) * block_size
+//     + p % block_size,
+// so the keys of a block are contiguous per dim and q.k runs across keys in vector lanes.
 // q, out: [total tokens, n_heads, head_dim]. Every sequence's new K/V must already be written.
 struct PagedAttentionArgs {
   const float* q;

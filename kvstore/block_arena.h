@@ -2,7 +2,9 @@
 // holding K and V of every layer this rank runs, for `block_size` token positions of its KV
 // heads (fp16).
 //
-// Layout of a block: for each layer l, K then V, each [block_size, n_kv_heads, head_dim].
+// Layout of a block: for each layer l, K then V. V is [block_size, n_kv_heads, head_dim]; K is
+// transposed, [n_kv_heads, head_dim, block_size], so the keys of a block are contiguous per dim
+// and attention computes q.k for 16 keys per vector instruction (kernels/ops.h).
 // A block is one transfer, one checksum, one file extent; layer l of block b is reached with a
 // per-layer base pointer plus b * block_stride(), so attention reads through a block table.
 //
@@ -21,7 +23,7 @@ namespace kvmesh::kvstore {
 // The geometry of one rank's blocks.
 struct KvBlockShape {
   int64_t n_layers = 0, n_kv_heads = 0, head_dim = 0, block_size = 16;
-  // fp16 elements between consecutive positions of a layer's K (or V) inside a block.
+  // fp16 elements between consecutive positions of a layer's V inside a block (K: 1).
   int64_t pos_stride() const { return n_kv_heads * head_dim; }
   // Elements of one layer (K and V) of one block.
   int64_t layer_elems() const { return 2 * block_size * pos_stride(); }

@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   std::snprintf(id, sizeof(id), "%016llx%016llx", static_cast<unsigned long long>(model_id.hi),
                 static_cast<unsigned long long>(model_id.lo));
   e->cache_salt_ = StrCat("model=", id, ":", g.file_size(), ";tp=", tp_size, ";pp=", opts.pp,
-                          ";kv=fp16;block=", opts.block_size);
+                          ";kv=fp16,k-transposed;block=", opts.block_size);
   return e;
 }
 

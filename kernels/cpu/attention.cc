@@ -37,7 +37,9 @@ struct Task {
 };
 
 struct Run {
-  int64_t off, len, at;  // key offset in the chunk, run length, element offset in the layer
+  // Key offset in the chunk, run length, and the run's first position in the layer: V's
+  // element offset (position-major) and K's (K is transposed within a block).
+  int64_t off, len, at, k_at;
 };
 
 // The runs of keys [j0, j0 + n) contiguous in memory (inside one block).
@@ -47,33 +49,41 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   for (int64_t j = j0; j < j0 + n;) {
     const int64_t slot = j % a.block_size;
     const int64_t len = std::min(a.block_size - slot, j0 + n - j);
-    runs[k++] = {j - j0, len, table[j / a.block_size] * a.block_stride + slot * a.pos_stride};
+    const int64_t block = table[j / a.block_size] * a.block_stride;
+    runs[k++] = {j - j0, len, block + slot * a.pos_stride, block + slot};
     j += len;
   }
   return k;
 }
 
-// Converts the chunk's K and V (its runs, n keys) into fp32 rows [n, d]: once per task and
-// chunk, then shared by every row of the task.
-void StageChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* kbase,
-                const uint16_t* vbase, const Run* runs, int64_t n_runs, float* kf, float* vf) {
-  const int64_t d = a.head_dim;
+// Converts the chunk's K (its runs, n keys) into fp32 transposed [d, kKeyChunk]: a run's
+// positions are contiguous for each dim, so each is one conversion per dim.
+void StageK(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* kbase,
+            const Run* runs, int64_t n_runs, float* kt) {
   for (int64_t r = 0; r < n_runs; ++r) {
-    for (int64_t i = 0; i < runs[r].len; ++i) {
-      const int64_t at = runs[r].at + i * a.pos_stride;
-      p.f16_to_f32(kbase + at, kf + (runs[r].off + i) * d, d);
-      p.f16_to_f32(vbase + at, vf + (runs[r].off + i) * d, d);
-    }
+    p.f16_to_f32_tile(kbase + runs[r].k_at, a.block_size, kt + runs[r].off, kKeyChunk, a.head_dim,
+                      runs[r].len);
   }
 }
 
-// Where a chunk's K/V are read from: staged fp32 rows (kf/vf, shared by a task's rows) or, for
-// a task of one row, the cache's fp16 runs directly. The primitives give identical bits.
+// Converts the chunk's V into fp32 rows [n, d]: once per task and chunk, then shared by every
+// row of the task.
+void StageV(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* vbase,
+            const Run* runs, int64_t n_runs, float* vf) {
+  const int64_t d = a.head_dim;
+  for (int64_t r = 0; r < n_runs; ++r) {
+    p.f16_to_f32_tile(vbase + runs[r].at, a.pos_stride, vf + runs[r].off * d, d, runs[r].len, d);
+  }
+}
+
+// Where a chunk's K/V are read from: staged as fp32 (K transposed, kt; V rows, vf), shared by a
+// task's rows, or for a task of one row the cache's fp16 directly (K per 16-key group, when
+// blocks hold a multiple of 16 positions; V rows). The primitives give identical bits.
 struct ChunkKv {
-  const float* kf = nullptr;
+  const float* kt = nullptr;
+  const uint16_t* const* kgroups = nullptr;  // or K in the cache: per 16 keys, their block
   const float* vf = nullptr;
-  const uint16_t* const* krows = nullptr;  // per key of the chunk: its fp16 K row
-  const uint16_t* const* vrows = nullptr;
+  const uint16_t* const* vrows = nullptr;  // per key of the chunk: its fp16 V row
 };
 
 // One chunk of keys [0, n) for the `group` query heads q of one row: updates the records
@@ -82,23 +92,22 @@ void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
                  int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
-  if (kv.kf != nullptr) {
-    p.qk(q, group, d, kv.kf, n, a.scale, scores, kKeyChunk);
+  thread_local std::vector<float> chunk_max;
+  chunk_max.resize(static_cast<size_t>(group));
+  if (kv.kt != nullptr) {
+    p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max.data());
   } else {
-    p.qk_f16(q, group, d, kv.krows, n, a.scale, scores, kKeyChunk);
+    p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk,
+               chunk_max.data());
   }
   for (int64_t g = 0; g < group; ++g) {
     float* r = rec + g * stride;
     float* sc = scores + g * kKeyChunk;
-    float cmax = r[0];
-    for (int64_t j = 0; j < n; ++j) cmax = std::max(cmax, sc[j]);
+    const float cmax = std::max(r[0], chunk_max[g]);
     // Rescale what was accumulated under the old max, once per chunk.
     const float rescale = std::exp(r[0] - cmax);
     r[0] = cmax;
-    p.exp_shifted(sc, cmax, sc, n);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += sc[j];
-    r[1] = r[1] * rescale + sum;
+    r[1] = r[1] * rescale + p.exp_shifted_sum(sc, cmax, sc, n);
     if (rescale != 1.0f) {
       for (int64_t i = 0; i < d; ++i) r[2 + i] *= rescale;
     }
@@ -205,13 +214,13 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   const int64_t n_units = static_cast<int64_t>(tasks.size()) * a.n_kv_heads;
   std::atomic<int64_t> next_unit{0};
   pool.Run([&](int, int) {
-    thread_local std::vector<float> scores, kf, vf;
+    thread_local std::vector<float> scores, kt, vf;
     scores.resize(static_cast<size_t>(group * kKeyChunk));
-    kf.resize(static_cast<size_t>(kKeyChunk * d));
+    kt.resize(static_cast<size_t>(kKeyChunk * d));
     vf.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs[kKeyChunk + 1];
-    const uint16_t* krows[kKeyChunk];
     const uint16_t* vrows[kKeyChunk];
+    const uint16_t* kgroups[kKeyChunk / 16];
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
       const Task& task = tasks[u / a.n_kv_heads];
       const int64_t kvh = u % a.n_kv_heads;
@@ -231,23 +240,32 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
           std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
         }
       }
-      const uint16_t* kbase = a.k + kvh * d;
+      const uint16_t* kbase = a.k + kvh * d * a.block_size;
       const uint16_t* vbase = a.v + kvh * d;
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
         const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
         ChunkKv kv;
+        const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
+        if (task.n_rows == 1 && a.block_size % 16 == 0) {
+          // One row: K read in place, 16 keys of one block per group.
+          for (int64_t c = 0; c * 16 < n_chunk; ++c) {
+            int64_t r = 0;
+            while (runs[r].off + runs[r].len <= 16 * c) ++r;
+            kgroups[c] = kbase + runs[r].k_at + (16 * c - runs[r].off);
+          }
+          kv.kgroups = kgroups;
+        } else {
+          StageK(a, p, kbase, runs, n_runs, kt.data());
+          kv.kt = kt.data();
+        }
         if (task.n_rows == 1) {
           for (int64_t r = 0, j = 0; r < n_runs; ++r) {
-            for (int64_t i = 0; i < runs[r].len; ++i, ++j) {
-              krows[j] = kbase + runs[r].at + i * a.pos_stride;
+            for (int64_t i = 0; i < runs[r].len; ++i, ++j)
               vrows[j] = vbase + runs[r].at + i * a.pos_stride;
-            }
           }
-          kv.krows = krows;
           kv.vrows = vrows;
         } else {
-          StageChunk(a, p, kbase, vbase, runs, n_runs, kf.data(), vf.data());
-          kv.kf = kf.data();
+          StageV(a, p, vbase, runs, n_runs, vf.data());
           kv.vf = vf.data();
         }
         for (int64_t i = 0; i < task.n_rows; ++i) {
@@ -298,13 +316,20 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
 }
 
 void AttentionCpu(const AttentionArgs& a, ThreadPool& pool) {
-  // A contiguous cache is one block long enough for every position.
+  // A contiguous cache is one block long enough for every position; its K is copied into the
+  // block layout (transposed: [n_kv_heads, head_dim, positions]).
   const int32_t table[1] = {0};
-  const int64_t positions = a.pos0 + a.tokens;
+  const int64_t positions = std::max<int64_t>(1, a.pos0 + a.tokens);
+  thread_local std::vector<uint16_t> kt;
+  kt.resize(static_cast<size_t>(a.n_kv_heads * a.head_dim * positions));
+  for (int64_t p = 0; p < a.pos0 + a.tokens; ++p) {
+    for (int64_t e = 0; e < a.n_kv_heads * a.head_dim; ++e)
+      kt[e * positions + p] = a.k[p * a.kv_pos_stride + e];
+  }
   const AttentionSeq seq{0, a.tokens, a.pos0, table};
   PagedAttentionCpu(
-      {a.q, a.k, a.v, a.out, a.n_heads, a.n_kv_heads, a.head_dim, a.kv_pos_stride,
-       std::max<int64_t>(1, positions), 0, &seq, 1, a.scale, a.group, a.q_head0, a.kv_head0},
+      {a.q, kt.data(), a.v, a.out, a.n_heads, a.n_kv_heads, a.head_dim, a.kv_pos_stride, positions,
+       0, &seq, 1, a.scale, a.group, a.q_head0, a.kv_head0},
       pool);
 }
 

@@ -29,24 +29,35 @@ struct Primitives {
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
   // y[i] = exp(x[i] - shift) (relative error < 2e-7 for arguments in [-87, 88]).
   void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
+  // The same, returning the sum of the y[i] (added in an order fixed per ISA).
+  float (*exp_shifted_sum)(const float* x, float shift, float* y, int64_t n) = nullptr;
   // out[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
-  // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d),
-  // with the chunk's K and V staged as fp32 rows [n, d]:
-  //   qk: scores[g * ss + j] = scale * dot(q + g * d, k + j * d)
-  //   pv: o[g * os + i] += sum_j p[g * ps + j] * (v + j * d)[i]
-  void (*qk)(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
-             float* scores, int64_t ss) = nullptr;
+  // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d).
+  // qk: K staged transposed as fp32, key j's dim i at kt[i * kts + j]:
+  //   scores[g * ss + j] = dot(scale * q_g, k_j), summed in dim order as one fused multiply-add
+  //   chain (s = qs_0 * k_0; s = fma(qs_i, k_i, s)), so every ISA gives the same bits;
+  //   row_max[g] = the largest of scores[g * ss + j], j < n.
+  // pv: V staged as fp32 rows [n, d]: o[g * os + i] += sum_j p[g * ps + j] * (v + j * d)[i]
+  void (*qk_t)(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
+               float scale, float* scores, int64_t ss, float* row_max) = nullptr;
+  // qk_t over fp16 K in place: key j's dim i at groups[j / 16][i * dim_stride + j % 16] (each
+  // group's 16 keys contiguous per dim: the cache's transposed blocks). Bit-identical to
+  // staging it with f16_to_f32 and calling qk_t.
+  void (*qk_t_f16)(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
+                   int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
+                   float* row_max) = nullptr;
   void (*pv)(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n, float* o,
              int64_t os) = nullptr;
-  // The same over fp16 rows in place (row j at rows[j]): bit-identical to staging them with
-  // f16_to_f32 and calling qk / pv (used where nothing would share the staged rows).
-  void (*qk_f16)(const float* q, int64_t G, int64_t d, const uint16_t* const* rows, int64_t n,
-                 float scale, float* scores, int64_t ss) = nullptr;
+  // pv over fp16 V rows in place (row j at rows[j]): bit-identical to staging them with
+  // f16_to_f32 and calling pv (used where nothing would share the staged rows).
   void (*pv_f16)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
                  int64_t n, float* o, int64_t os) = nullptr;
   // dst[i] = float(fp16 src[i]) (exact).
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  // The same over a 2-D tile: dst[r * dst_stride + c] = float(src[r * src_stride + c]).
+  void (*f16_to_f32_tile)(const uint16_t* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                          int64_t rows, int64_t cols) = nullptr;
   // dst[i] = fp16(src[i]), round to nearest even.
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
@@ -57,31 +68,31 @@ const Primitives& Avx512Primitives();
 // The table of the active ISA.
 const Primitives& Prims();
 
-// ISA-independent qk / pv built from f32_f32 of `p` and plain loops.
-void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const float* k, int64_t n,
-               float scale, float* scores, int64_t ss);
+// ISA-independent qk_t / pv: plain loops (qk_t with std::fma: the reference chain).
+void GenericQkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
+                float scale, float* scores, int64_t ss, float* row_max);
+void GenericF16ToF32Tile(const uint16_t* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                         int64_t rows, int64_t cols);
+// qk_t_f16 by staging the groups with the table's f16_to_f32 and calling its qk_t.
+void GenericQkTF16(const Primitives& p, const float* q, int64_t G, int64_t d,
+                   const uint16_t* const* groups, int64_t dim_stride, int64_t n, float scale,
+                   float* scores, int64_t ss, float* row_max);
+template <const Primitives& (*Table)()>
+void GenericQkTF16Of(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
+                     int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
+                     float* row_max) {
+  GenericQkTF16(Table(), q, G, d, groups, dim_stride, n, scale, scores, ss, row_max);
+}
 void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                float* o, int64_t os);
 // fp16 rows: each row converted with the table's f16_to_f32, then as above (bit-identical).
-void GenericQkF16(const Primitives& p, const float* q, int64_t G, int64_t d,
-                  const uint16_t* const* rows, int64_t n, float scale, float* scores, int64_t ss);
 void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
                   const uint16_t* const* rows, int64_t n, float* o, int64_t os);
 // The same, bound to one ISA's table, as entries for that table.
 template <const Primitives& (*Table)()>
-void GenericQkF16Of(const float* q, int64_t G, int64_t d, const uint16_t* const* rows, int64_t n,
-                    float scale, float* scores, int64_t ss) {
-  GenericQkF16(Table(), q, G, d, rows, n, scale, scores, ss);
-}
-template <const Primitives& (*Table)()>
 void GenericPvF16Of(const float* pr, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
                     int64_t n, float* o, int64_t os) {
   GenericPvF16(Table(), pr, ps, G, d, rows, n, o, os);
-}
-template <const Primitives& (*Table)()>
-void GenericQkOf(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
-                 float* scores, int64_t ss) {
-  GenericQk(Table(), q, G, d, k, n, scale, scores, ss);
 }
 
 }  // namespace kvmesh::kernels::cpu

@@ -2,7 +2,9 @@
 // binary runs on any x86-64; Prims() selects them only when CPUID reports the features.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/primitives.h"
 
@@ -120,6 +122,28 @@ KVMESH_AVX2 void ExpShifted(const float* x, float shift, float* y, int64_t n) {
   }
 }
 
+// 8 lanes of partial sums over the vectors, then the lanes added pairwise (HSum).
+KVMESH_AVX2 float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(y + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+    alignas(32) float e[8];
+    _mm256_store_ps(e, Exp8(_mm256_sub_ps(_mm256_load_ps(buf), s)));
+    for (int64_t j = i; j < n; ++j) y[j] = e[j - i];
+    for (int64_t j = n - i; j < 8; ++j) e[j] = 0.0f;
+    acc = _mm256_add_ps(acc, _mm256_load_ps(e));
+  }
+  return HSum(acc);
+}
+
 KVMESH_AVX2 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -182,6 +206,46 @@ KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
   }
 }
 
+// qk_t, 8 keys per register: one fused multiply-add chain per key in dim order, as the scalar
+// reference (same bits). Up to 4 heads x 32 keys of accumulators per pass.
+KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
+                     float scale, float* scores, int64_t ss, float* row_max) {
+  if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
+  alignas(32) float qs[4][256];
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    for (int64_t g = 0; g < gn; ++g) {
+      for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+      const int64_t vn = std::min<int64_t>(4, (n - j0 + 7) / 8);
+      __m256 acc[4][4];
+      for (int64_t c = 0; c < vn; ++c) {
+        const __m256 k0 = _mm256_loadu_ps(kt + j0 + 8 * c);
+        for (int64_t g = 0; g < gn; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g][0]), k0);
+      }
+      for (int64_t i = 1; i < d; ++i) {
+        for (int64_t c = 0; c < vn; ++c) {
+          const __m256 ki = _mm256_loadu_ps(kt + i * kts + j0 + 8 * c);
+          for (int64_t g = 0; g < gn; ++g)
+            acc[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(qs[g][i]), ki, acc[g][c]);
+        }
+      }
+      for (int64_t g = 0; g < gn; ++g) {
+        alignas(32) float tmp[32];
+        for (int64_t c = 0; c < vn; ++c) _mm256_store_ps(tmp + 8 * c, acc[g][c]);
+        const int64_t m = std::min<int64_t>(32, n - j0);
+        std::memcpy(scores + (g0 + g) * ss + j0, tmp, sizeof(float) * m);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float mx = scores[g * ss];
+    for (int64_t j = 1; j < n; ++j) mx = std::max(mx, scores[g * ss + j]);
+    row_max[g] = mx;
+  }
+}
+
 }  // namespace
 
 const Primitives& Avx2Primitives() {
@@ -194,12 +258,14 @@ const Primitives& Avx2Primitives() {
                             .f32_f32 = DotF32F32,
                             .quantize_a16 = QuantizeA16,
                             .exp_shifted = ExpShifted,
+                            .exp_shifted_sum = ExpShiftedSum,
                             .silu_mul = SiluMul,
-                            .qk = GenericQkOf<Avx2Primitives>,
+                            .qk_t = QkT,
+                            .qk_t_f16 = GenericQkTF16Of<Avx2Primitives>,
                             .pv = GenericPv,
-                            .qk_f16 = GenericQkF16Of<Avx2Primitives>,
                             .pv_f16 = GenericPvF16Of<Avx2Primitives>,
                             .f16_to_f32 = F16ToF32,
+                            .f16_to_f32_tile = GenericF16ToF32Tile,
                             .to_fp16 = ToFp16};
   return t;
 }

@@ -3,7 +3,9 @@
 // AVX2 versions (a head of 64 values fills 256-bit registers well).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/primitives.h"
@@ -186,27 +188,6 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
   }
 }
 
-// Sums of 16 vectors at once: out lane j = sum of v[j]'s lanes. Pairs are interleaved and added
-// (unpack), then quads (shuffle), then 128-bit lanes across vectors (shuffle_f32x4), so 16 sums
-// cost 15 adds and 30 shuffles instead of 16 full horizontal reductions.
-KVMESH_AVX512 inline __m512 Sum16(const __m512* v) {
-  __m512 s[8], t[4];
-  for (int i = 0; i < 8; ++i) {
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 // Attention for head_dim 64 over fp32-staged K/V rows (four 16-float registers per row); pv
 // keeps up to 4 heads' outputs in registers for the whole chunk. Other shapes take the generic
 // path.
@@ -228,61 +209,211 @@ struct F16Rows {
   }
 };
 
-template <typename Rows>
-KVMESH_AVX512 void QkRows(const float* q, int64_t G, Rows k, int64_t n, float scale, float* scores,
-                          int64_t ss) {
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 qv[4];
-    for (int c = 0; c < 4; ++c) {
-      qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * 64 + 16 * c), _mm512_set1_ps(scale));
+// Where qk_t reads K: a staged fp32 tile, or fp16 groups of 16 keys in the cache converted in
+// registers (the same floats: the conversion is exact).
+struct KtF32 {
+  const float* kt;
+  int64_t kts;
+  KVMESH_AVX512 __m512 Load(int64_t i, int c) const {
+    return _mm512_loadu_ps(kt + i * kts + 16 * c);
+  }
+};
+struct KtF16 {
+  const uint16_t* const* groups;
+  int64_t stride;
+  __mmask16 mask[4];
+  KVMESH_AVX512 __m512 Load(int64_t i, int c) const {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask[c], groups[c] + i * stride));
+  }
+};
+
+// qk_t, 16 keys per register: one fused multiply-add chain per key in dim order, as the scalar
+// reference (same bits). GN heads x VN vectors of 16 keys of accumulators stay in registers
+// (sizes fixed at compile time); each dim's K vectors are loaded once for all heads.
+template <int GN, int VN, typename Kt>
+KVMESH_AVX512 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t n, float* scores,
+                          int64_t ss, float* row_max) {
+  __m512 acc[GN][VN];
+  for (int c = 0; c < VN; ++c) {
+    const __m512 k0 = k.Load(0, c);
+    for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_mul_ps(_mm512_set1_ps(qs[g][0]), k0);
+  }
+  for (int64_t i = 1; i < d; ++i) {
+    __m512 ki[VN];
+    for (int c = 0; c < VN; ++c) ki[c] = k.Load(i, c);
+    for (int g = 0; g < GN; ++g) {
+      const __m512 qv = _mm512_set1_ps(qs[g][i]);
+      for (int c = 0; c < VN; ++c) acc[g][c] = _mm512_fmadd_ps(qv, ki[c], acc[g][c]);
     }
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-      __m512 acc[16];
-      for (int i = 0; i < 16; ++i) {
-        acc[i] = _mm512_mul_ps(qv[0], k.Load(j + i, 0));
-        for (int c = 1; c < 4; ++c) acc[i] = _mm512_fmadd_ps(qv[c], k.Load(j + i, c), acc[i]);
+  }
+  for (int g = 0; g < GN; ++g) {
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int c = 0; c < VN; ++c) {
+      const int64_t m = std::min<int64_t>(16, n - 16 * c);
+      const auto mask = static_cast<__mmask16>((1u << m) - 1);
+      _mm512_mask_storeu_ps(scores + g * ss + 16 * c, mask, acc[g][c]);
+      mx = _mm512_mask_max_ps(mx, mask, mx, acc[g][c]);
+    }
+    row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
+  }
+}
+
+template <int GN, typename Kt>
+KVMESH_AVX512 void QkTileVn(int vn, const float (*qs)[256], int64_t d, const Kt& k, int64_t n,
+                            float* scores, int64_t ss, float* row_max) {
+  switch (vn) {
+    case 1:
+      return QkTile<GN, 1>(qs, d, k, n, scores, ss, row_max);
+    case 2:
+      return QkTile<GN, 2>(qs, d, k, n, scores, ss, row_max);
+    case 3:
+      return QkTile<GN, 3>(qs, d, k, n, scores, ss, row_max);
+    default:
+      return QkTile<GN, 4>(qs, d, k, n, scores, ss, row_max);
+  }
+}
+
+// Heads in passes of up to 4; `tile(j0)` gives the K loader for keys [j0, j0 + 64).
+template <typename TileAt>
+KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
+                           float* scores, int64_t ss, float* row_max, const TileAt& tile) {
+  for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
+  alignas(64) float qs[4][256];
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    for (int64_t g = 0; g < gn; ++g) {
+      for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const int vn = static_cast<int>(std::min<int64_t>(4, (n - j0 + 15) / 16));
+      const auto k = tile(j0);
+      float* out = scores + g0 * ss + j0;
+      float* mx = row_max + g0;
+      switch (gn) {
+        case 1:
+          QkTileVn<1>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
+        case 2:
+          QkTileVn<2>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
+        case 3:
+          QkTileVn<3>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
+        default:
+          QkTileVn<4>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
       }
-      _mm512_storeu_ps(scores + g * ss + j, Sum16(acc));
     }
-    for (; j < n; ++j) {
-      __m512 acc = _mm512_mul_ps(qv[0], k.Load(j, 0));
-      for (int c = 1; c < 4; ++c) acc = _mm512_fmadd_ps(qv[c], k.Load(j, c), acc);
-      scores[g * ss + j] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+KVMESH_AVX512 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts,
+                       int64_t n, float scale, float* scores, int64_t ss, float* row_max) {
+  if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
+  QkHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) { return KtF32{kt + j0, kts}; });
+}
+
+KVMESH_AVX512 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
+                          int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
+                          float* row_max) {
+  if (d > 256) {
+    return GenericQkTF16(Avx512Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
+                         row_max);
+  }
+  QkHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
+    KtF16 k{groups + j0 / 16, dim_stride, {}};
+    for (int c = 0; c < 4; ++c) {
+      const int64_t m = std::clamp<int64_t>(n - j0 - 16 * c, 0, 16);
+      k.mask[c] = static_cast<__mmask16>((1u << m) - 1);
     }
+    return k;
+  });
+}
+
+// dst[r * dst_stride + c] = float(src[r * src_stride + c]) for r < rows, c < cols.
+KVMESH_AVX512 void F16ToF32Tile(const uint16_t* src, int64_t src_stride, float* dst,
+                                int64_t dst_stride, int64_t rows, int64_t cols) {
+  const int64_t full = cols / 16 * 16;
+  const auto tail = static_cast<__mmask16>((1u << (cols - full)) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * src_stride;
+    float* d = dst + r * dst_stride;
+    for (int64_t c = 0; c < full; c += 16) {
+      _mm512_storeu_ps(
+          d + c, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c))));
+    }
+    if (tail != 0) {
+      _mm512_mask_storeu_ps(d + full, tail,
+                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, s + full)));
+    }
+  }
+}
+
+// exp as Exp8 in primitives_avx2.cc, 16 lanes.
+KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// 16 lanes of partial sums (the tail's unused lanes add zero), then one reduction.
+KVMESH_AVX512 float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    _mm512_mask_storeu_ps(y + i, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// G is a compile-time count so the 4 x G accumulators stay in registers.
+template <int G, typename Rows>
+KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
+  __m512 acc[G][4];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = v.Load(j, c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * ps + j]);
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
   }
 }
 
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                           int64_t os) {
-  __m512 acc[kMaxG][4];
-  for (int64_t g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
+  switch (G) {
+    case 1:
+      return PvRowsG<1>(p, ps, v, n, o, os);
+    case 2:
+      return PvRowsG<2>(p, ps, v, n, o, os);
+    case 3:
+      return PvRowsG<3>(p, ps, v, n, o, os);
+    default:
+      return PvRowsG<4>(p, ps, v, n, o, os);
   }
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = v.Load(j, c);
-    for (int64_t g = 0; g < G; ++g) {
-      const __m512 w = _mm512_set1_ps(p[g * ps + j]);
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
-    }
-  }
-  for (int64_t g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
-  }
-}
-
-KVMESH_AVX512 void Qk(const float* q, int64_t G, int64_t d, const float* k, int64_t n, float scale,
-                      float* scores, int64_t ss) {
-  if (d != 64) return GenericQk(Avx512Primitives(), q, G, d, k, n, scale, scores, ss);
-  QkRows(q, G, F32Rows{k, 64}, n, scale, scores, ss);
-}
-
-KVMESH_AVX512 void QkF16(const float* q, int64_t G, int64_t d, const uint16_t* const* rows,
-                         int64_t n, float scale, float* scores, int64_t ss) {
-  if (d != 64) return GenericQkF16(Avx512Primitives(), q, G, d, rows, n, scale, scores, ss);
-  QkRows(q, G, F16Rows{rows}, n, scale, scores, ss);
 }
 
 KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
@@ -319,9 +450,11 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.qk = Qk;
+    d.qk_t = QkT;
+    d.qk_t_f16 = QkTF16;
+    d.f16_to_f32_tile = F16ToF32Tile;
+    d.exp_shifted_sum = ExpShiftedSum;
     d.pv = Pv;
-    d.qk_f16 = QkF16;
     d.pv_f16 = PvF16;
     d.f16_to_f32 = F16ToF32;
     return d;

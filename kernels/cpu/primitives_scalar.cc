@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -113,6 +115,13 @@ void ExpShifted(const float* x, float shift, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
 }
 
+float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
+  ExpShifted(x, shift, y, n);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += y[i];
+  return sum;
+}
+
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
@@ -127,11 +136,41 @@ void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
 
 }  // namespace
 
-void GenericQk(const Primitives& p, const float* q, int64_t G, int64_t d, const float* k, int64_t n,
-               float scale, float* scores, int64_t ss) {
+void GenericQkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
+                float scale, float* scores, int64_t ss, float* row_max) {
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t j = 0; j < n; ++j) scores[g * ss + j] = p.f32_f32(q + g * d, k + j * d, d) * scale;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      float s = (q[g * d] * scale) * kt[j];
+      for (int64_t i = 1; i < d; ++i) s = std::fma(q[g * d + i] * scale, kt[i * kts + j], s);
+      scores[g * ss + j] = s;
+      mx = std::max(mx, s);
+    }
+    row_max[g] = mx;
   }
+}
+
+void GenericF16ToF32Tile(const uint16_t* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                         int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c)
+      dst[r * dst_stride + c] = Fp16ToFloat(src[r * src_stride + c]);
+  }
+}
+
+void GenericQkTF16(const Primitives& p, const float* q, int64_t G, int64_t d,
+                   const uint16_t* const* groups, int64_t dim_stride, int64_t n, float scale,
+                   float* scores, int64_t ss, float* row_max) {
+  thread_local std::vector<float> kt;
+  const int64_t kts = (n + 15) / 16 * 16;
+  kt.resize(static_cast<size_t>(d * kts));
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    for (int64_t i = 0; i < d; ++i) {
+      p.f16_to_f32(groups[j0 / 16] + i * dim_stride, kt.data() + i * kts + j0,
+                   std::min<int64_t>(16, n - j0));
+    }
+  }
+  p.qk_t(q, G, d, kt.data(), kts, n, scale, scores, ss, row_max);
 }
 
 void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
@@ -140,18 +179,6 @@ void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v
     for (int64_t g = 0; g < G; ++g) {
       const float w = pr[g * ps + j];
       for (int64_t i = 0; i < d; ++i) o[g * os + i] += w * v[j * d + i];
-    }
-  }
-}
-
-void GenericQkF16(const Primitives& p, const float* q, int64_t G, int64_t d,
-                  const uint16_t* const* rows, int64_t n, float scale, float* scores, int64_t ss) {
-  thread_local std::vector<float> row;
-  row.resize(static_cast<size_t>(d));
-  for (int64_t j = 0; j < n; ++j) {
-    p.f16_to_f32(rows[j], row.data(), d);
-    for (int64_t g = 0; g < G; ++g) {
-      scores[g * ss + j] = p.f32_f32(q + g * d, row.data(), d) * scale;
     }
   }
 }
@@ -175,12 +202,14 @@ const Primitives& ScalarPrimitives() {
                             .f32_f32 = DotF32F32,
                             .quantize_a16 = QuantizeRowA16,
                             .exp_shifted = ExpShifted,
+                            .exp_shifted_sum = ExpShiftedSum,
                             .silu_mul = SiluMul,
-                            .qk = GenericQkOf<ScalarPrimitives>,
+                            .qk_t = GenericQkT,
+                            .qk_t_f16 = GenericQkTF16Of<ScalarPrimitives>,
                             .pv = GenericPv,
-                            .qk_f16 = GenericQkF16Of<ScalarPrimitives>,
                             .pv_f16 = GenericPvF16Of<ScalarPrimitives>,
                             .f16_to_f32 = F16ToF32,
+                            .f16_to_f32_tile = GenericF16ToF32Tile,
                             .to_fp16 = ToFp16};
   return t;
 }

@@ -281,15 +281,18 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
       for (int64_t t = 0; t < n; ++t) {
         for (int64_t h = 0; h < n_heads; ++h) {
           const int64_t kvh = h / 3, keys = seqs[i].pos0 + t + 1;
-          auto at = [&](int64_t p) {
+          auto at = [&](int64_t p) {  // V of position p
             return (*seqs[i].table)[p / bs] * bs * stride + (p % bs) * stride + kvh * hd;
+          };
+          auto k_at = [&](int64_t p, int64_t x) {  // K (transposed within its block)
+            return (*seqs[i].table)[p / bs] * bs * stride + (kvh * hd + x) * bs + p % bs;
           };
           std::vector<double> sc(keys);
           double mx = -1e300, z = 0;
           for (int64_t j = 0; j < keys; ++j) {
             double dot = 0;
             for (int64_t x = 0; x < hd; ++x) {
-              dot += q[((r0 + t) * n_heads + h) * hd + x] * Fp16ToFloat(k[at(j) + x]);
+              dot += q[((r0 + t) * n_heads + h) * hd + x] * Fp16ToFloat(k[k_at(j, x)]);
             }
             mx = std::max(mx, sc[j] = dot * scale);
           }
@@ -310,9 +313,10 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   const auto& p = cpu::Prims();
   for (const void* fn :
        {(const void*)p.q4_0_a16, (const void*)p.q4_1_a16, (const void*)p.q8_0_a16,
-        (const void*)p.f32_f32, (const void*)p.qk_f16, (const void*)p.pv_f16,
+        (const void*)p.f32_f32, (const void*)p.qk_t, (const void*)p.pv_f16,
+        (const void*)p.exp_shifted_sum, (const void*)p.f16_to_f32_tile, (const void*)p.qk_t_f16,
         (const void*)p.f16_to_f32, (const void*)p.quantize_a16, (const void*)p.exp_shifted,
-        (const void*)p.silu_mul, (const void*)p.qk, (const void*)p.pv, (const void*)p.to_fp16}) {
+        (const void*)p.silu_mul, (const void*)p.pv, (const void*)p.to_fp16}) {
     ASSERT_NE(fn, nullptr) << "a primitive is missing from the " << IsaName(GetParam()) << " table";
   }
   const auto& ref = cpu::ScalarPrimitives();
@@ -341,12 +345,53 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
       if (x[i] - 1.5f < -87.0f) continue;  // below the documented range
       ASSERT_NEAR(y[i], std::exp(double(x[i]) - 1.5), 3e-7 * std::exp(double(x[i]) - 1.5)) << x[i];
     }
+    std::vector<float> y2(n);
+    const float sum = p.exp_shifted_sum(x.data(), 1.5f, y2.data(), n);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(y2[i], y[i]) << "exp_shifted_sum and exp_shifted differ at " << i;
+      want_sum += y[i];
+    }
+    ASSERT_NEAR(sum, want_sum, 1e-6 * want_sum);
     p.silu_mul(g.data(), u.data(), s.data(), n);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_NEAR(s[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
     std::vector<uint16_t> h(n);
     p.to_fp16(g.data(), h.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], FloatToFp16(g[i]));
+  }
+  // q.k over transposed K: one fused chain per key in dim order, the same bits on every ISA.
+  const auto kt = Randn(64 * 64, 21), qv = Randn(5 * 64, 22);
+  for (int64_t G : {1, 3, 5}) {
+    for (int64_t n : {1, 5, 16, 33, 64}) {
+      std::vector<float> got(G * 64, -1.0f), want(G * 64, -1.0f), got_max(G), want_max(G);
+      p.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, got.data(), 64, got_max.data());
+      ref.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, want.data(), 64, want_max.data());
+      ASSERT_EQ(got, want) << "G " << G << " n " << n;
+      ASSERT_EQ(got_max, want_max) << "G " << G << " n " << n;
+      for (int64_t g = 0; g < G; ++g) {
+        ASSERT_EQ(got_max[g], *std::max_element(got.begin() + g * 64, got.begin() + g * 64 + n));
+      }
+      // The same keys as fp16 groups of 16 (dim stride 32, as in a cache block of 32): the
+      // same bits as their fp32 staging.
+      std::vector<uint16_t> h16(4 * 64 * 32);
+      std::vector<float> kt16(64 * 64);
+      const uint16_t* groups[4];
+      for (int c = 0; c < 4; ++c) {
+        groups[c] = h16.data() + c * 64 * 32 + 5;
+        for (int64_t i = 0; i < 64; ++i) {
+          for (int j = 0; j < 16; ++j) {
+            h16[c * 64 * 32 + 5 + i * 32 + j] = FloatToFp16(kt[i * 64 + 16 * c + j]);
+            kt16[i * 64 + 16 * c + j] = Fp16ToFloat(h16[c * 64 * 32 + 5 + i * 32 + j]);
+          }
+        }
+      }
+      std::vector<float> s16(G * 64, -1.0f), s32(G * 64, -1.0f), m16(G), m32(G);
+      p.qk_t_f16(qv.data(), G, 64, groups, 32, n, 0.125f, s16.data(), 64, m16.data());
+      p.qk_t(qv.data(), G, 64, kt16.data(), 64, n, 0.125f, s32.data(), 64, m32.data());
+      ASSERT_EQ(s16, s32) << "fp16 groups, G " << G << " n " << n;
+      ASSERT_EQ(m16, m32);
+    }
   }
 }
 
