@@ -1,6 +1,6 @@
 """End-to-end checks of `kvmesh serve` over a real loopback socket (run by serve_test.sh).
 
-usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload)
+usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload | concurrent)
 """
 import json
 import sys
@@ -151,3 +151,27 @@ elif mode == "overload":
         if c == 200:
             check(json.loads(body)["usage"]["completion_tokens"] == 64, "admitted requests complete")
     print(f"serve overload: codes {codes}")
+
+elif mode == "concurrent":
+    # Different requests answered one at a time, then all at once (batched; with pipeline
+    # stages, in overlapping steps): the same greedy texts.
+    prompts = [f"Write a list of {n} animals:" for n in (3, 4, 5, 6)]
+    body = lambda p: {"prompt": p, "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+    alone = []
+    for p in prompts:
+        code, text, _ = call("POST", "/v1/completions", body(p))
+        check(code == 200, f"alone {code}")
+        alone.append(json.loads(text)["choices"][0]["text"])
+    together = [None] * len(prompts)
+
+    def one(i):
+        code, text, _ = call("POST", "/v1/completions", body(prompts[i]))
+        together[i] = json.loads(text)["choices"][0]["text"] if code == 200 else f"HTTP {code}"
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(together == alone, f"concurrent answers differ: {together} vs {alone}")
+    print(f"serve concurrent: {len(prompts)} requests at once = one at a time")

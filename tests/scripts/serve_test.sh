@@ -197,5 +197,12 @@ assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker'
   r0="$(rank0_of "kvmesh serve --dp 2")" || exit 1
   stop "$r0"
   echo "serve dp=2: two replicas behind one API, clean SIGTERM"
+  # Two pipeline stages: concurrent requests run as overlapping steps; SIGTERM drains them.
+  start "${mpi[@]}" -np 2 "$bin" serve --pp 2 --threads 1
+  python3 "$here/serve_test.py" "$url" main || fail "pp=2 main"
+  python3 "$here/serve_test.py" "$url" concurrent || fail "pp=2 concurrent"
+  r0="$(rank0_of "kvmesh serve --pp 2")" || exit 1
+  stop "$r0"
+  echo "serve pp=2: pipelined steps behind the same API, clean SIGTERM"
 fi
 echo "serve: all cases passed"
