@@ -19,7 +19,8 @@ namespace kvmesh::comm {
 enum class HalfType { kF16, kBF16 };
 
 // A receive posted by RecvAsync. Wait() blocks until the buffer is filled (OK) or the peer is
-// gone; destroying an unwaited receive cancels it.
+// gone; destroying an unwaited receive cancels it (MPI) or waits for it (NCCL, which cannot
+// cancel).
 class PendingRecv {
  public:
   virtual ~PendingRecv() = default;

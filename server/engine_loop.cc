@@ -126,6 +126,7 @@ absl::Status EngineLoop::RunSteps() {
     if (!sched.idle()) {
       if (auto s = sched.Step(); !s.ok()) {
         sched.CancelAll();
+        sched.Drain();  // pipelined steps in flight end their requests too
         Publish();
         return s;
       }

@@ -291,13 +291,21 @@ std::optional<BlockId> Scheduler::AllocateOrPreempt(Sequence& s, bool& self_pree
   self_preempted = false;
   for (;;) {
     if (auto b = blocks_.Allocate()) return b;
-    // Out of blocks: sessions' partial blocks go first, then the newest running sequence not
-    // in a step in flight (none: wait for those steps).
+    // Out of blocks: sessions' partial blocks go first, then the newest running sequence
+    // newer than s that is not in a step in flight. If only sequences in flight are newer, s
+    // waits for their steps to finish (it keeps its blocks: older sequences keep priority);
+    // if none is newer, s itself goes.
     if (DropOneSessionTail()) continue;
-    auto it = std::find_if(running_.rbegin(), running_.rend(),
-                           [](const Sequence* q) { return !q->busy; });
-    if (it == running_.rend()) return std::nullopt;
-    Sequence* victim = *it;
+    Sequence* victim = &s;
+    bool newer_in_flight = false;
+    for (auto it = running_.rbegin(); it != running_.rend() && *it != &s; ++it) {
+      if (!(*it)->busy) {
+        victim = *it;
+        break;
+      }
+      newer_in_flight = true;
+    }
+    if (victim == &s && newer_in_flight) return std::nullopt;
     Preempt(*victim);
     if (victim == &s) {
       self_preempted = true;
@@ -466,8 +474,9 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
     budget -= chunk;
   }
   // Sequences preempted after being scheduled cannot exist: victims come from the back of the
-  // batch, beyond every scheduled sequence.
-  if (plan.seqs.empty()) return false;
+  // batch, beyond every scheduled sequence. A sequence that stopped for blocks after its
+  // copy-on-write was planned still needs that copy: a plan of copies alone runs too.
+  if (plan.seqs.empty() && plan.copies.empty()) return false;
   for (Scheduled& sc : scheduled) sc.seq->busy = true;
   steps_.push_back(std::move(scheduled));
   ++stats_.steps;

@@ -207,11 +207,16 @@ Histogram ServingEngine::Merged(const Histogram& (Scheduler::*which)() const) co
 Histogram ServingEngine::ttft_seconds() const { return Merged(&Scheduler::ttft_seconds); }
 Histogram ServingEngine::itl_seconds() const { return Merged(&Scheduler::itl_seconds); }
 
-absl::Status ServingEngine::StopReplicas() {
+absl::Status ServingEngine::Drain() {
   absl::Status first;
   while (!in_flight_rows_.empty()) {
     if (auto s = FinishOldestStep(); !s.ok() && first.ok()) first = s;
   }
+  return first;
+}
+
+absl::Status ServingEngine::StopReplicas() {
+  absl::Status first = Drain();
   for (auto* r : remotes_) {
     if (auto s = r->Stop(); !s.ok() && first.ok()) first = s;
   }
@@ -235,8 +240,10 @@ absl::StatusOr<Completion> ServingEngine::Generate(Request req,
   if (!id.ok()) return id.status();
   while (!result) {
     if (auto s = Step(); !s.ok()) {
-      // Not scheduled in the failed step: end it now, while `result` and `on_token` live.
+      // Not scheduled in the failed step: end it now, while `result` and `on_token` live (a
+      // pipelined step still holding it ends it when it finishes).
       Cancel(*id);
+      Drain();
       return s;
     }
   }

@@ -68,6 +68,9 @@ class ServingEngine {
   Histogram itl_seconds() const;
   // Steps until no request is waiting or running. Returns the first failed step's status.
   absl::Status RunUntilIdle();
+  // Finishes the pipelined steps in flight (their requests' callbacks run). Returns the first
+  // failure.
+  absl::Status Drain();
   // Finishes the steps in flight and releases the remote replicas (call once, at the end).
   absl::Status StopReplicas();
 

@@ -35,7 +35,9 @@ struct PipelinePlace {
   int logits_from = -1;  // on the leader: the last stage's TP rank 0 (if not itself)
 };
 
-// Wall time inside the TP collectives (a rank's own view).
+// Wall time inside the TP collectives (a rank's own view). The waiting / transfer split compares
+// steady-clock stamps of the ranks, which only processes of one machine share: across machines
+// the *_wait_s figures are meaningless.
 struct CommStats {
   double allreduce_s = 0;       // in the per-layer all-reduces, waiting included
   double allreduce_wait_s = 0;  // of which before the last rank arrived: waiting for slower

@@ -68,18 +68,24 @@ class CudaStream {
   cudaStream_t s_ = nullptr;
 };
 
-// A receive enqueued on the stream, marked by an event.
+// A receive enqueued on the stream, marked by an event. NCCL cannot cancel an enqueued
+// receive: dropping an unwaited one waits for it, so it never writes into a freed buffer.
 class NcclPendingRecv final : public PendingRecv {
  public:
   explicit NcclPendingRecv(cudaEvent_t done) : done_(done) {}
-  ~NcclPendingRecv() override { cudaEventDestroy(done_); }
+  ~NcclPendingRecv() override {
+    if (!waited_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
   absl::Status Wait() override {
+    waited_ = true;
     KVMESH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
     return absl::OkStatus();
   }
 
  private:
   cudaEvent_t done_;
+  bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {

@@ -210,9 +210,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Communicator
   if (group.rank() == 0) {
     std::snprintf(name, sizeof(name), "/kvmesh-tp-%d-%d", static_cast<int>(getpid()),
                   counter.fetch_add(1));
+    // posix_fallocate, not just ftruncate: tmpfs reserves nothing on truncate, and a full
+    // /dev/shm (containers default to 64 MiB) would be a SIGBUS at the first write instead of
+    // a fallback to MPI.
     const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      why = StrCat("shm_open/ftruncate ", name, ": ", std::strerror(errno));
+    int rc = fd < 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0) {
+      why = StrCat("shm_open/posix_fallocate ", name, ": ", std::strerror(rc));
       if (fd >= 0) {
         close(fd);
         shm_unlink(name);

@@ -481,5 +481,30 @@ TEST(Scheduler, CancelOfASequenceInFlightEndsItWhenItsStepFinishes) {
   h.ExpectNoLeaks();
 }
 
+// Out of blocks with the newer sequence in flight: the older one waits for that step instead of
+// giving up its own KV, then takes the newer one's blocks once it is back.
+TEST(Scheduler, OldestWaitsForStepsInFlightInsteadOfPreemptingItself) {
+  Harness h({.n_blocks = 4, .block_size = 4, .max_steps_in_flight = 2});
+  const RequestId a = h.Submit(Tokens(8, 1), 3);  // 2 blocks; its first new token needs a third
+  const RequestId b = h.Submit(Tokens(8, 2), 3);
+  worker::StepPlan p1, p2, p3;
+  ASSERT_TRUE(h.sched.BeginStep(p1));  // a's prefill
+  ASSERT_TRUE(h.sched.BeginStep(p2));  // b's prefill: the pool is full
+  std::vector<float> l1(p1.n_logits() * kVocab), l2(p2.n_logits() * kVocab);
+  ASSERT_TRUE(h.model.Run(p1, l1).ok());
+  ASSERT_TRUE(h.model.Run(p2, l2).ok());
+  ASSERT_TRUE(h.sched.FinishStep(absl::OkStatus(), l1).ok());
+  EXPECT_FALSE(h.sched.BeginStep(p3));  // a needs a block; b is in flight: a waits
+  EXPECT_EQ(h.sched.stats().preemptions, 0);
+  ASSERT_TRUE(h.sched.FinishStep(absl::OkStatus(), l2).ok());
+  h.Drain();  // now b (newer, idle) gives its blocks to a
+  EXPECT_EQ(h.sched.stats().preemptions, 1);
+  EXPECT_EQ(h.done[a].preemptions, 0);
+  EXPECT_EQ(h.done[b].preemptions, 1);
+  EXPECT_EQ(h.done[a].tokens, Expected(Tokens(8, 1), 3));
+  EXPECT_EQ(h.done[b].tokens, Expected(Tokens(8, 2), 3));
+  h.ExpectNoLeaks();
+}
+
 }  // namespace
 }  // namespace kvmesh::serving
