@@ -70,6 +70,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"},
                      "--seed must be a non-negative integer");
   ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
+  ExpectOneLineError({"run", "--prompt", "x", "--tp-collectives", "gloo"},
+                     "--tp-collectives must be shm or mpi, not 'gloo'");
   ExpectOneLineError({"run", "--prompt"}, "flag --prompt needs a value");
   ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
   ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");
