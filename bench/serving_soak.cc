@@ -1,6 +1,7 @@
 // Randomised soak of the serving engine on the real model (not run in CI):
 //   build/bin/serving_soak [--seconds 600] [--model PATH] [--threads N] [--kv-cache-mem MiB]
 //       [--seed S] [--preempt P]
+//   mpirun -np 2 build/bin/serving_soak --pp 2 ...   (pipelined steps; any --tp/--pp/--dp)
 // Random requests over a few shared documents, multi-turn sessions, cancellations and forced
 // preemption in a small KV pool. Checked throughout: block accounting is consistent, every step
 // makes progress (no preemption livelock or deadlock), a prompt always yields the same greedy
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,27 +30,14 @@ int Violation(const std::string& what) {
   return 1;
 }
 
-int Main(int argc, char** argv) {
-  auto f = coordinator::Flags::Parse(
-      argc, argv, 1, {"model", "threads", "seconds", "kv-cache-mem", "seed", "preempt"}, {});
-  if (!f.ok()) return coordinator::Fail(f.status());
-  worker::EngineOptions o;
-  o.model_path = coordinator::ModelPath(*f);
-  o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));
-  o.ctx_size = 2048;
-  o.kv_cache_bytes = f->Int("kv-cache-mem", 12, 1, 1 << 20).value_or(12) << 20;
-  auto engine = worker::Engine::Create(o);
-  if (!engine.ok()) return coordinator::Fail(engine.status());
-  worker::Engine& e = **engine;
+int Soak(const coordinator::Flags* f, serving::ServingEngine& se) {
+  worker::Engine& e = se.engine();
   const double seconds = static_cast<double>(f->Int("seconds", 600, 1, 1 << 30).value_or(600));
   std::mt19937_64 rng(f->Uint64("seed", 1).value_or(1));
-  serving::ServingEngine se(e, {.max_seqs = 8,
-                                .max_batched_tokens = 96,
-                                .max_waiting = 64,
-                                .max_sessions = 4,
-                                .preempt_probability = f->Float("preempt", 0.2, 0, 1).value_or(0.2),
-                                .preempt_seed = rng()});
-  serving::Scheduler& sched = se.scheduler();
+  se.SetPreemptProbabilityForTesting(f->Float("preempt", 0.2, 0, 1).value_or(0.2));
+  // Submit / Cancel / Step / idle / stats through the serving engine (it pipelines steps when
+  // there are pipeline stages); block accounting from replica 0's scheduler.
+  serving::ServingEngine& sched = se;
   std::vector<std::vector<int32_t>> docs;
   for (int d = 0; d < 3; ++d) {
     std::string text;
@@ -125,7 +114,10 @@ int Main(int argc, char** argv) {
     }
     if (auto s = sched.Step(); !s.ok()) return Violation(StrCat("step failed: ", s.message()));
     if (violations > 0) return 1;
-    if (!sched.blocks().Consistent()) return Violation("block accounting is inconsistent");
+    for (int r = 0; r < se.replicas(); ++r) {
+      if (!se.scheduler(r).blocks().Consistent())
+        return Violation("block accounting is inconsistent");
+    }
     const auto st = sched.stats();
     if (!sched.idle() && st.steps == last_steps) {
       if (++idle_steps > 1000) return Violation("no step ran for 1000 calls while requests wait");
@@ -158,6 +150,23 @@ int Main(int argc, char** argv) {
       static_cast<long long>(st.evictions), static_cast<long long>(st.prefix_hit_tokens),
       static_cast<long long>(st.prefix_query_tokens));
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::set<std::string> names = coordinator::LaunchFlagNames();
+  names.insert({"model", "seconds", "seed", "preempt"});
+  auto f = coordinator::Flags::Parse(argc, argv, 1, names, {});
+  if (!f.ok()) return coordinator::Fail(f.status());
+  // A small pool and batch, so preemption and eviction are constant.
+  f->AddDefaults({{"ctx-size", "2048"},
+                  {"kv-cache-mem", "12"},
+                  {"max-seqs", "8"},
+                  {"max-batched-tokens", "96"},
+                  {"max-waiting", "64"},
+                  {"max-sessions", "4"}});
+  coordinator::Launch l;
+  if (auto s = coordinator::SetUp(*f, l); !s.ok()) return coordinator::Fail(s);
+  return coordinator::RunLaunched(l, [&] { return Soak(&*f, *l.serving); });
 }
 
 }  // namespace

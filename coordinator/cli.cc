@@ -44,7 +44,7 @@ constexpr char kUsage[] =
     "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
     "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
-    "            [--max-batched-tokens 512] [--tp-collectives shm|mpi]\n"
+    "            [--max-batched-tokens 512] [--max-sessions 256] [--tp-collectives shm|mpi]\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"

@@ -67,8 +67,8 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 
 const std::set<std::string>& LaunchFlagNames() {
   static const std::set<std::string> names = {
-      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem",  "block-size",
-      "max-seqs", "max-batched-tokens", "max-waiting", "dp", "tp-collectives"};
+      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem",   "block-size",
+      "max-seqs", "max-batched-tokens", "max-waiting", "dp", "tp-collectives", "max-sessions"};
   return names;
 }
 
@@ -93,6 +93,8 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_batched.ok()) return max_batched.status();
   auto max_waiting = f.Int("max-waiting", 1024, 0, 1 << 20);
   if (!max_waiting.ok()) return max_waiting.status();
+  auto max_sessions = f.Int("max-sessions", 256, 1, 1 << 20);
+  if (!max_sessions.ok()) return max_sessions.status();
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
   const std::string collectives = f.String("tp-collectives", "shm");
@@ -165,6 +167,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
     so.max_seqs = static_cast<int32_t>(*max_seqs);
     so.max_batched_tokens = static_cast<int32_t>(*max_batched);
     so.max_waiting = static_cast<int32_t>(*max_waiting);
+    so.max_sessions = static_cast<int32_t>(*max_sessions);
     so.prefix_caching = !f.Has("no-prefix-reuse");
     l.serving = std::make_unique<serving::ServingEngine>(*l.engine, so, remotes);
   }
