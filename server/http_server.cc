@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "server/auth.h"
+#include "server/listener.h"
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "util/str_cat.h"
@@ -328,22 +329,16 @@ struct Session : std::enable_shared_from_this<Session> {
 };
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted || shutting_down) return;
-      // Out of descriptors (or similar): retry shortly instead of spinning.
-      auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
-      t->async_wait([this, t](beast::error_code) { Accept(); });
-      return;
-    }
-    auto s = std::make_shared<Session>(*this, std::move(sock));
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu);
-      sessions.insert(s);
-    }
-    s->Read();
-    Accept();
-  });
+  AcceptLoop(
+      acceptor, [this] { return shutting_down; },
+      [this](tcp::socket sock) {
+        auto s = std::make_shared<Session>(*this, std::move(sock));
+        {
+          std::lock_guard<std::mutex> lock(sessions_mu);
+          sessions.insert(s);
+        }
+        s->Read();
+      });
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -352,19 +347,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions&
                                                               EngineLoop& loop,
                                                               const worker::Engine& engine) {
   auto impl = std::make_unique<Impl>(opts, loop, engine);
-  beast::error_code ec;
-  const auto addr = asio::ip::make_address(opts.host, ec);
-  if (ec)
-    return absl::InvalidArgumentError(StrCat("--host '", opts.host, "' is not an IP address"));
-  const tcp::endpoint ep(addr, opts.port);
-  impl->acceptor.open(ep.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(ep, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        StrCat("cannot listen on ", opts.host, ":", opts.port, ": ", ec.message()));
-  }
+  if (auto s = Listen(impl->acceptor, opts.host, opts.port, ""); !s.ok()) return s;
   Impl* p = impl.get();
   p->signals.async_wait([p](beast::error_code e, int) {
     if (!e && p->on_signal) p->on_signal();
@@ -399,15 +382,12 @@ void HttpServer::Shutdown() {
   });
   // In-flight responses finish on their own (their sessions then close); wait for them, but not
   // forever.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(p->sessions_mu);
-      if (p->sessions.empty()) break;
-    }
-    if (std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil(
+      [p] {
+        std::lock_guard<std::mutex> lock(p->sessions_mu);
+        return p->sessions.empty();
+      },
+      std::chrono::seconds(5));
   p->io.stop();
   p->thread.join();
 }

@@ -11,6 +11,7 @@
 
 #include "model/shard.h"
 #include "server/auth.h"
+#include "server/listener.h"
 #include "server/rpc_frame.h"
 #include "util/str_cat.h"
 #include "util/utf8.h"
@@ -403,22 +404,16 @@ v1::ClusterStatus RpcServer::Impl::Status() const {
 }
 
 void RpcServer::Impl::Accept() {
-  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted || shutting_down) return;
-      // Out of descriptors (or similar): retry shortly instead of spinning.
-      auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
-      t->async_wait([this, t](boost::system::error_code) { Accept(); });
-      return;
-    }
-    auto c = std::make_shared<RpcConn>(*this, std::move(sock));
-    {
-      std::lock_guard<std::mutex> lock(conns_mu);
-      conns.insert(c);
-    }
-    c->Read();
-    Accept();
-  });
+  AcceptLoop(
+      acceptor, [this] { return shutting_down; },
+      [this](tcp::socket sock) {
+        auto c = std::make_shared<RpcConn>(*this, std::move(sock));
+        {
+          std::lock_guard<std::mutex> lock(conns_mu);
+          conns.insert(c);
+        }
+        c->Read();
+      });
 }
 
 RpcServer::RpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -427,19 +422,7 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(const RpcOptions& op
                                                             EngineLoop& loop,
                                                             const worker::Engine& engine) {
   auto impl = std::make_unique<Impl>(opts, loop, engine);
-  boost::system::error_code ec;
-  const auto addr = asio::ip::make_address(opts.host, ec);
-  if (ec)
-    return absl::InvalidArgumentError(StrCat("--host '", opts.host, "' is not an IP address"));
-  const tcp::endpoint ep(addr, opts.port);
-  impl->acceptor.open(ep.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(ep, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        StrCat("cannot listen on ", opts.host, ":", opts.port, " (RPC): ", ec.message()));
-  }
+  if (auto s = Listen(impl->acceptor, opts.host, opts.port, " (RPC)"); !s.ok()) return s;
   Impl* p = impl.get();
   p->Accept();
   p->thread = std::thread([p] { p->io.run(); });
@@ -464,14 +447,12 @@ void RpcServer::Shutdown() {
     }
     for (auto& c : idle) c->Close();
   });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < deadline) {
-    {
-      std::lock_guard<std::mutex> lock(p->conns_mu);
-      if (p->conns.empty()) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil(
+      [p] {
+        std::lock_guard<std::mutex> lock(p->conns_mu);
+        return p->conns.empty();
+      },
+      std::chrono::seconds(5));
   p->io.stop();
   p->thread.join();
 }
