@@ -103,17 +103,15 @@ absl::Status ServingEngine::PipelinedStep() {
   Scheduler& sched = *schedulers_[0];
   for (worker::StepPlan plan; sched.BeginStep(plan);) {
     engine_.StartStep(plan);
-    in_flight_rows_.push_back(plan.n_logits());
   }
-  if (in_flight_rows_.empty()) return absl::OkStatus();
+  if (engine_.steps_in_flight() == 0) return absl::OkStatus();
   return FinishOldestStep();
 }
 
 absl::Status ServingEngine::FinishOldestStep() {
-  logits_.resize(in_flight_rows_.front() * engine_.model().config().n_vocab);
-  in_flight_rows_.pop_front();
-  const absl::Status s = engine_.FinishStep(logits_);
-  return schedulers_[0]->FinishStep(s, logits_);
+  auto logits = engine_.FinishStep();
+  return schedulers_[0]->FinishStep(
+      logits.status(), logits.ok() ? std::span<const float>(*logits) : std::span<const float>());
 }
 
 absl::Status ServingEngine::Step() {
@@ -209,7 +207,7 @@ Histogram ServingEngine::itl_seconds() const { return Merged(&Scheduler::itl_sec
 
 absl::Status ServingEngine::Drain() {
   absl::Status first;
-  while (!in_flight_rows_.empty()) {
+  while (engine_.steps_in_flight() > 0) {
     if (auto s = FinishOldestStep(); !s.ok() && first.ok()) first = s;
   }
   return first;

@@ -17,7 +17,6 @@
 // worker::ServeReplica.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -98,8 +97,8 @@ class ServingEngine {
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
   absl::flat_hash_map<std::string, int> session_replica_;
   std::vector<float> logits_;
-  bool pipelined_ = false;              // pp > 1 with one replica: steps overlap across stages
-  std::deque<int64_t> in_flight_rows_;  // logits rows of each step in flight, oldest first
+  bool pipelined_ = false;  // pp > 1 with one replica: steps overlap across stages
+
   std::vector<std::vector<float>> remote_logits_;
 };
 

@@ -142,18 +142,13 @@ void Engine::StartStep(const StepPlan& plan) {
   if (f.status.ok()) f.status = Execute(plan, f.logits, &f.recv);
 }
 
-absl::Status Engine::FinishStep(std::span<float> logits) {
+absl::StatusOr<std::vector<float>> Engine::FinishStep() {
   if (in_flight_.empty()) return absl::FailedPreconditionError("step: no step in flight");
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (f.status.ok() && f.recv) f.status = f.recv->Wait();
   if (!f.status.ok()) return f.status;
-  if (logits.size() != f.logits.size()) {
-    return absl::InvalidArgumentError(StrCat("step: logits buffer holds ", logits.size(),
-                                             " floats, the step made ", f.logits.size()));
-  }
-  std::copy(f.logits.begin(), f.logits.end(), logits.begin());
-  return absl::OkStatus();
+  return std::move(f.logits);
 }
 
 absl::Status Engine::ServeFollower() {

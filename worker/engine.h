@@ -68,12 +68,12 @@ class Engine {
 
   // Pipelined steps (the leader, pp > 1): StartStep broadcasts the plan and runs this rank's
   // stage, leaving the logits' receive from the last stage posted; FinishStep waits for the
-  // oldest started step and copies its plan.n_logits() rows into `logits`. While stage 1 runs
+  // oldest started step and returns its plan.n_logits() rows of logits. While stage 1 runs
   // step i, stage 0 already runs step i + 1. Steps finish in the order they started; Step()
   // refuses to run while any is unfinished. Without stages, StartStep runs the whole step.
   // A failure (a malformed plan, a lost peer) is returned by the step's FinishStep.
   void StartStep(const StepPlan& plan);
-  absl::Status FinishStep(std::span<float> logits);
+  absl::StatusOr<std::vector<float>> FinishStep();
   int steps_in_flight() const { return static_cast<int>(in_flight_.size()); }
 
   const model::TpShard& shard() const { return forward_->shard(); }

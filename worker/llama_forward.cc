@@ -251,6 +251,7 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
   // Where row t's K/V go in the arena (relative to a layer's K or V base).
   kv_at_.resize(n);
   k_at_.resize(n);
+  k16_.resize(KV * hd);
   for (int64_t t = 0; t < n; ++t) {
     const SeqChunk& ch = plan.seqs[chunk_of_row_[b + t]];
     kv_at_[t] = ch.blocks[pos_[t] / bs] * arena.block_stride() + (pos_[t] % bs) * ps;
@@ -285,7 +286,6 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
     uint16_t* vl = arena.v(l);
     for (int64_t t = 0; t < n; ++t) {
       // K is transposed within its block (kvstore/block_arena.h): element e every bs slots.
-      k16_.resize(KV * hd);
       kernels::ConvertToFp16Cpu(k_.data() + t * KV * hd, k16_.data(), KV * hd);
       for (int64_t e = 0; e < KV * hd; ++e) kl[k_at_[t] + e * bs] = k16_[e];
       kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
