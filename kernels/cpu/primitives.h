@@ -62,6 +62,17 @@ struct Primitives {
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
+// The vector exp (Exp8 in primitives_avx2.cc, Exp16 in primitives_avx512.cc; lane for lane the
+// same operations, so the same bits): x clamped to [kLo, kHi], n = round(x * kLog2e),
+// r = x - n * kLn2Hi - n * kLn2Lo, exp(r) by the polynomial kPoly (highest degree first, then
+// r^2 * p + r + 1), scaled by 2^n built in the exponent bits.
+namespace vexp {
+constexpr float kLo = -87.3f, kHi = 88.7f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace vexp
+
 const Primitives& ScalarPrimitives();
 const Primitives& Avx2Primitives();
 const Primitives& Avx512Primitives();
