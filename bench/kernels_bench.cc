@@ -10,6 +10,7 @@
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "kernels/packed.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -26,14 +27,16 @@ std::vector<uint8_t> Q4_1Weights(int64_t rows, int64_t cols) {
   return w;
 }
 
-// args: rows, cols, tokens, threads
+// args: rows, cols, tokens, threads, packed (1: the 16-row interleaved layout, kernels/packed.h)
 void BM_MatMulQ4_1(benchmark::State& st) {
   const int64_t rows = st.range(0), cols = st.range(1), tokens = st.range(2);
   ThreadPool pool(static_cast<int>(st.range(3)));
   const auto w = Q4_1Weights(rows, cols);
   std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
-  const WeightMatrix wm{DType::kQ4_1, w.data(), rows, cols,
-                        static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
+  const WeightMatrix plain{DType::kQ4_1, w.data(), rows, cols,
+                           static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
+  std::vector<uint8_t> storage;
+  const WeightMatrix wm = st.range(4) != 0 ? PackWeights(plain, storage) : plain;
   for (auto _ : st) {
     MatMulCpu({wm, x.data(), out.data(), tokens, rows}, pool);
     benchmark::DoNotOptimize(out.data());
@@ -44,12 +47,9 @@ void BM_MatMulQ4_1(benchmark::State& st) {
   st.SetLabel(std::string(IsaName(ActiveIsa())));
 }
 BENCHMARK(BM_MatMulQ4_1)
-    ->Args({1536, 576, 1, 1})
-    ->Args({1536, 576, 1, 2})
-    ->Args({576, 1536, 1, 2})
-    ->Args({1536, 576, 4, 2})
-    ->Args({1536, 576, 16, 2})
-    ->Args({1536, 576, 64, 2})
+    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1}})
+    ->Args({576, 1536, 1, 2, 0})
+    ->Args({576, 1536, 1, 2, 1})
     ->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.

@@ -16,6 +16,10 @@ struct WeightMatrix {
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
   size_t row_bytes = 0;
+  // Rows [0, packed_rows) also in the 16-row interleaved layout of kernels/packed.h (set by
+  // PackWeights); the products of those rows read it instead of data.
+  const uint8_t* packed = nullptr;
+  int64_t packed_rows = 0;
 };
 
 // out[t, r] = sum_k w[r, k] * x[t, k] for r in [row_begin, row_end).

@@ -22,6 +22,8 @@ kernels::WeightMatrix Rows(const kernels::WeightMatrix& w, int64_t r0, int64_t r
   kernels::WeightMatrix s = w;
   s.data = static_cast<const uint8_t*>(w.data) + r0 * w.row_bytes;
   s.rows = r1 - r0;
+  s.packed = nullptr;  // a slice is packed (or not) by its user
+  s.packed_rows = 0;
   return s;
 }
 
@@ -31,6 +33,8 @@ kernels::WeightMatrix Cols(const kernels::WeightMatrix& w, int64_t c0, int64_t c
   kernels::WeightMatrix s = w;
   s.data = static_cast<const uint8_t*>(w.data) + kernels::RowBytes(w.type, c0);
   s.cols = c1 - c0;
+  s.packed = nullptr;  // a slice is packed (or not) by its user
+  s.packed_rows = 0;
   return s;
 }
 

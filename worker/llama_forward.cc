@@ -7,6 +7,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "kernels/packed.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::worker {
@@ -58,6 +59,20 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
     }
   }
   output_ = model::SliceOutput(model.output(), shard);
+  if (kernels::PackedKernelIsFast()) {
+    // Repack the integer-path matrices in 16-row groups (kernels/packed.h). The output matrix
+    // is the token embedding too (tied), whose rows the embedding lookup reads, so only the
+    // layers' plain pages are let go.
+    for (model::LlamaLayer& L : layers_) {
+      for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+        *w = kernels::PackWeights(*w, owned_.emplace_back());
+        if (w->packed_rows == w->rows) {
+          model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
+        }
+      }
+    }
+    output_ = kernels::PackWeights(output_, owned_.emplace_back());
+  }
   for (int r = 0; r < shard.tp_size; ++r) {
     const auto s = model::MakeTpShard(model, r, shard.tp_size);
     vocab_counts_.push_back(static_cast<int>(s->vocab_end - s->vocab_begin));

@@ -4,11 +4,13 @@
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
+#include "kernels/packed.h"
 
 namespace kvmesh::kernels {
 namespace {
 
-constexpr int64_t kRowTile = 16;  // weight rows kept hot in L1 while all tokens stream past
+// Weight rows kept hot in L1 while all tokens stream past; one packed group (kernels/packed.h).
+constexpr int64_t kRowTile = kPackRows;
 
 bool IsIntegerPath(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
@@ -84,6 +86,12 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
 
 void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
   const auto& d = cpu::Prims();
+  if (a.w.packed != nullptr && r0 % kPackRows == 0 && r1 - r0 == kPackRows &&
+      r1 <= a.w.packed_rows) {
+    const int64_t nb = a.w.cols / kQK;
+    const uint8_t* group = a.w.packed + r0 / kPackRows * nb * PackedGroupBlockBytes(a.w.type);
+    return d.packed_tile(a.w.type, group, nb, xq, nb, a.tokens, a.out + r0, a.ldo);
+  }
   switch (a.w.type) {
     case DType::kQ4_1:
       return QuantTile<BlockQ4_1>(a, r0, r1, xq, d.q4_1_a16, d.q4_1_tile);

@@ -25,6 +25,14 @@ struct Primitives {
   using Tile4x4 = void (*)(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
                            int64_t nb, float* out, int64_t ldo);
   Tile4x4 q4_0_tile = nullptr, q4_1_tile = nullptr, q8_0_tile = nullptr;
+  // One packed group of 16 rows (kernels/packed.h; type Q4_0, Q4_1 or Q8_0) against `tokens`
+  // tokens: out[t * ldo + r] for r < 16, token t's nb blocks at a + t * a_stride. Per row and
+  // token, in block order: s = the block's exact int32 dot product (Q4_0 weights minus 8),
+  // acc = fma(float(s) * a.d, w.d, acc), and for Q4_1 mins = fma(w.m, a.d * float(a.sum), mins);
+  // the result is acc + mins. Every table's entry gives the same bits.
+  using PackedTile = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
+  PackedTile packed_tile = nullptr;
   // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
   // y[i] = exp(x[i] - shift) (relative error < 2e-7 for arguments in [-87, 88]).
@@ -72,6 +80,10 @@ constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace vexp
+
+// PackedTile in plain C++ (the scalar and AVX2 tables' entry; the reference for the others).
+void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
 
 const Primitives& ScalarPrimitives();
 const Primitives& Avx2Primitives();

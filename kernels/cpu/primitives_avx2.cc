@@ -252,6 +252,7 @@ const Primitives& Avx2Primitives() {
                             .q4_k_a16 = ScalarPrimitives().q4_k_a16,
                             .q6_k_a16 = ScalarPrimitives().q6_k_a16,
                             .f32_f32 = DotF32F32,
+                            .packed_tile = PackedTileReference,
                             .quantize_a16 = QuantizeA16,
                             .exp_shifted = ExpShifted,
                             .exp_shifted_sum = ExpShiftedSum,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -185,6 +186,114 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
     alignas(16) float m[4];
     _mm_store_ps(m, mins[r]);
     for (int t = 0; t < 4; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]) + m[t];
+  }
+}
+
+// Packed 16-row groups (kernels/packed.h) against N tokens: lane r of every register is row r.
+// Per block, each token's int32 dot products build up in P independent chains (more chains for
+// fewer tokens, so the multiply-add latency is hidden) and are then scaled into acc exactly as
+// PackedTileReference does.
+KVMESH_AVX512 inline __m512i Broadcast32(const int16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <DType T, int N>
+KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16* a,
+                                int64_t a_stride, float* out, int64_t ldo) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+  constexpr int64_t kGroupBlock = 16 * (kQ8 ? 34 : kMin ? 20 : 18);
+  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int P = N >= 4 ? 1 : (N >= 2 ? 2 : 4);
+  __m512 acc[N], mins[N];
+  for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlock;
+    const uint8_t* q = blk + kScales;
+    const BlockA16* ab[N];
+    for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
+    __m512i s[N][P];
+    for (int t = 0; t < N; ++t) {
+      for (int c = 0; c < P; ++c) s[t][c] = _mm512_setzero_si512();
+    }
+    if constexpr (kQ8) {
+      for (int k = 0; k < 16; ++k) {
+        const __m512i w =
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)));
+        for (int t = 0; t < N; ++t)
+          s[t][k % P] = _mm512_dpwssd_epi32(s[t][k % P], w, Broadcast32(ab[t]->qs + 2 * k));
+      }
+    } else {
+      for (int p = 0; p < 8; ++p) {
+        const __m512i v =
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p)));
+        __m512i lo = _mm512_and_si512(v, _mm512_set1_epi16(15));
+        __m512i hi = _mm512_srli_epi16(v, 4);
+        if constexpr (T == DType::kQ4_0) {
+          lo = _mm512_sub_epi16(lo, _mm512_set1_epi16(8));
+          hi = _mm512_sub_epi16(hi, _mm512_set1_epi16(8));
+        }
+        for (int t = 0; t < N; ++t) {
+          s[t][(2 * p) % P] =
+              _mm512_dpwssd_epi32(s[t][(2 * p) % P], lo, Broadcast32(ab[t]->qs + 4 * p));
+          s[t][(2 * p + 1) % P] =
+              _mm512_dpwssd_epi32(s[t][(2 * p + 1) % P], hi, Broadcast32(ab[t]->qs + 4 * p + 2));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int t = 0; t < N; ++t) {
+      __m512i st = s[t][0];
+      for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s[t][c]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(st), _mm512_set1_ps(ab[t]->d)), dw,
+                               acc[t]);
+    }
+    if constexpr (kMin) {
+      const __m512 m =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+      for (int t = 0; t < N; ++t) {
+        mins[t] =
+            _mm512_fmadd_ps(m, _mm512_set1_ps(ab[t]->d * static_cast<float>(ab[t]->sum)), mins[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; ++t) {
+    _mm512_storeu_ps(out + t * ldo, kMin ? _mm512_add_ps(acc[t], mins[t]) : acc[t]);
+  }
+}
+
+template <DType T>
+KVMESH_AVX512 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a,
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+  constexpr int kChunk = 8;
+  int64_t t = 0;
+  for (; t + kChunk <= tokens; t += kChunk) {
+    PackedTokens<T, kChunk>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+  }
+  using Tail = void (*)(const uint8_t*, int64_t, const BlockA16*, int64_t, float*, int64_t);
+  static constexpr Tail kTail[kChunk] = {nullptr,
+                                         PackedTokens<T, 1>,
+                                         PackedTokens<T, 2>,
+                                         PackedTokens<T, 3>,
+                                         PackedTokens<T, 4>,
+                                         PackedTokens<T, 5>,
+                                         PackedTokens<T, 6>,
+                                         PackedTokens<T, 7>};
+  if (t < tokens) kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+}
+
+KVMESH_AVX512 void PackedTile(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+  switch (type) {
+    case DType::kQ4_0:
+      return PackedTileOf<DType::kQ4_0>(group, nb, a, a_stride, tokens, out, ldo);
+    case DType::kQ4_1:
+      return PackedTileOf<DType::kQ4_1>(group, nb, a, a_stride, tokens, out, ldo);
+    case DType::kQ8_0:
+      return PackedTileOf<DType::kQ8_0>(group, nb, a, a_stride, tokens, out, ldo);
+    default:
+      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo);
   }
 }
 
@@ -446,6 +555,7 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
+    d.packed_tile = PackedTile;
     d.qk_t = QkT;
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;

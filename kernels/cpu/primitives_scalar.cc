@@ -200,6 +200,7 @@ const Primitives& ScalarPrimitives() {
                             .q4_k_a16 = DotQ4_KA16,
                             .q6_k_a16 = DotQ6_KA16,
                             .f32_f32 = DotF32F32,
+                            .packed_tile = PackedTileReference,
                             .quantize_a16 = QuantizeRowA16,
                             .exp_shifted = ExpShifted,
                             .exp_shifted_sum = ExpShiftedSum,

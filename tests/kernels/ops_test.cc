@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
+#include "kernels/packed.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -96,6 +98,23 @@ class IsaTest : public ::testing::TestWithParam<Isa> {
   void TearDown() override { SetIsa(DetectedIsa()); }
 };
 
+// The reference product: each row dequantised, double-precision dot products; [tokens, rows].
+std::vector<double> ExactProduct(const WeightMatrix& w, const std::vector<float>& x,
+                                 int64_t tokens) {
+  std::vector<double> ref(tokens * w.rows);
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantizeRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, row.data(),
+                  w.cols);
+    for (int64_t t = 0; t < tokens; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < w.cols; ++k) s += static_cast<double>(row[k]) * x[t * w.cols + k];
+      ref[t * w.rows + r] = s;
+    }
+  }
+  return ref;
+}
+
 struct MatMulCase {
   DType type;
   int64_t rows, cols, tokens;
@@ -115,17 +134,7 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
     const auto x = Randn(c.tokens * c.cols, 11 + c.tokens);
     WeightMatrix wm{c.type, w.data(), c.rows, c.cols,
                     static_cast<size_t>(RowBytes(c.type, c.cols))};
-    // Reference: dequantise each row, double-precision dot products.
-    std::vector<double> ref(c.tokens * c.rows);
-    std::vector<float> row(c.cols);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      DequantizeRow(c.type, w.data() + r * wm.row_bytes, row.data(), c.cols);
-      for (int64_t t = 0; t < c.tokens; ++t) {
-        double s = 0;
-        for (int64_t k = 0; k < c.cols; ++k) s += static_cast<double>(row[k]) * x[t * c.cols + k];
-        ref[t * c.rows + r] = s;
-      }
-    }
+    const std::vector<double> ref = ExactProduct(wm, x, c.tokens);
     std::vector<float> out(c.tokens * c.rows, 12345.0f);
     MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
     EXPECT_LT(RelL2(out, ref), 2e-4)
@@ -137,6 +146,52 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
       EXPECT_EQ(part[t * c.rows], 7.0f);
       EXPECT_EQ(part[t * c.rows + c.rows - 1], 7.0f);
       if (c.rows > 2) EXPECT_NEAR(part[t * c.rows + 1], out[t * c.rows + 1], 1e-6);
+    }
+  }
+}
+
+// Packed 16-row groups (kernels/packed.h): close to the exact product, the same bits on every
+// ISA (the reference computes the table's operations in plain C++), each token's outputs the
+// same whatever else is in the batch, and rows past the last group still right.
+TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
+  ThreadPool pool(2);
+  const MatMulCase cases[] = {
+      {DType::kQ4_1, 37, 576, 13}, {DType::kQ4_1, 16, 64, 1},   {DType::kQ4_0, 48, 96, 9},
+      {DType::kQ8_0, 35, 160, 17}, {DType::kQ4_1, 64, 1536, 8}, {DType::kQ8_0, 16, 32, 3},
+  };
+  for (const MatMulCase& c : cases) {
+    const std::string name = std::string(TraitsOf(c.type).name) + " " + std::to_string(c.rows) +
+                             "x" + std::to_string(c.cols) + " tokens=" + std::to_string(c.tokens);
+    const auto w = RandomWeights(c.type, c.rows, c.cols, 3 * c.rows + c.cols);
+    // Activations spanning the int16 range, with one block of extremes.
+    auto x = Randn(c.tokens * c.cols, 5 + c.tokens, 4.0f);
+    for (int64_t k = 0; k < kQK; ++k) x[k] = (k % 2 ? -1.0f : 1.0f) * 1e3f;
+    const WeightMatrix plain{c.type, w.data(), c.rows, c.cols,
+                             static_cast<size_t>(RowBytes(c.type, c.cols))};
+    std::vector<uint8_t> storage;
+    const WeightMatrix wm = PackWeights(plain, storage);
+    ASSERT_EQ(wm.packed_rows, c.rows / 16 * 16) << name;
+    const std::vector<double> ref = ExactProduct(plain, x, c.tokens);
+    std::vector<float> out(c.tokens * c.rows, 12345.0f);
+    MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
+    EXPECT_LT(RelL2(out, ref), 2e-4) << name;
+    // Bit for bit the reference's operations, group by group.
+    const int64_t nb = c.cols / kQK;
+    std::vector<BlockA16> xq(c.tokens * nb);
+    for (int64_t t = 0; t < c.tokens; ++t)
+      QuantizeRowA16(x.data() + t * c.cols, &xq[t * nb], c.cols);
+    std::vector<float> expect(out);
+    for (int64_t g = 0; g < c.rows / 16; ++g) {
+      cpu::PackedTileReference(c.type, wm.packed + g * nb * PackedGroupBlockBytes(c.type), nb,
+                               xq.data(), nb, c.tokens, expect.data() + 16 * g, c.rows);
+    }
+    EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), out.size() * sizeof(float))) << name;
+    // Each token alone gives its row of the batch exactly (packed rows and the tail).
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      std::vector<float> one(c.rows);
+      MatMulCpu({wm, x.data() + t * c.cols, one.data(), 1, c.rows}, pool);
+      EXPECT_EQ(0, std::memcmp(one.data(), out.data() + t * c.rows, c.rows * sizeof(float)))
+          << name << " token " << t;
     }
   }
 }

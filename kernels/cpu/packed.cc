@@ -1,0 +1,108 @@
+// Packing of Q4_0 / Q4_1 / Q8_0 rows into 16-row groups (kernels/packed.h) and the reference
+// product over a packed group.
+#include "kernels/packed.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/primitives.h"
+#include "kernels/fp16.h"
+
+namespace kvmesh::kernels {
+namespace {
+
+// Element e (0..31) of a Q4 block's nibbles: e < 16 low nibble of qs[e], else high of qs[e - 16].
+int Nibble(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >> 4; }
+
+int64_t ScaleBytes(DType t) { return t == DType::kQ4_1 ? 64 : 32; }
+
+// The 16 rows' block b (row r at rows + r * row_bytes) into one group-block at dst.
+void PackGroupBlock(DType t, const uint8_t* rows, size_t row_bytes, int64_t b, uint8_t* dst) {
+  const int64_t bb = TraitsOf(t).block_bytes;
+  uint8_t* q = dst + ScaleBytes(t);
+  for (int r = 0; r < kPackRows; ++r) {
+    const uint8_t* blk = rows + r * row_bytes + b * bb;
+    std::memcpy(dst + 2 * r, blk, 2);                                  // d
+    if (t == DType::kQ4_1) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+    if (t == DType::kQ8_0) {
+      const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
+      for (int k = 0; k < 16; ++k) {
+        for (int j = 0; j < 2; ++j) q[32 * k + 2 * r + j] = static_cast<uint8_t>(qs[2 * k + j]);
+      }
+    } else {
+      const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
+      for (int p = 0; p < 8; ++p) {
+        for (int j = 0; j < 2; ++j) {
+          q[32 * p + 2 * r + j] =
+              static_cast<uint8_t>(Nibble(qs, 4 * p + j) | Nibble(qs, 4 * p + 2 + j) << 4);
+        }
+      }
+    }
+  }
+}
+
+// Row r's element e of a packed group-block's quants, as the integer the product uses.
+int PackedElement(DType t, const uint8_t* q, int r, int e) {
+  if (t == DType::kQ8_0) return static_cast<int8_t>(q[32 * (e / 2) + 2 * r + e % 2]);
+  const uint8_t byte = q[32 * (e / 4) + 2 * r + e % 2];
+  const int v = (e % 4 < 2) ? (byte & 15) : (byte >> 4);
+  return t == DType::kQ4_0 ? v - 8 : v;
+}
+
+}  // namespace
+
+bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0; }
+
+int64_t PackedGroupBlockBytes(DType t) { return kPackRows * TraitsOf(t).block_bytes; }
+
+bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
+
+WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage) {
+  WeightMatrix out = w;
+  if (!PackableType(w.type) || w.rows < kPackRows) return out;
+  const int64_t groups = w.rows / kPackRows, nb = w.cols / kQK;
+  const int64_t gb = PackedGroupBlockBytes(w.type);
+  storage.assign(static_cast<size_t>(groups * nb * gb), 0);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      PackGroupBlock(w.type, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
+                     storage.data() + (g * nb + b) * gb);
+    }
+  }
+  out.packed = storage.data();
+  out.packed_rows = groups * kPackRows;
+  return out;
+}
+
+namespace cpu {
+
+void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+  const int64_t gb = PackedGroupBlockBytes(type);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int r = 0; r < kPackRows; ++r) {
+      float acc = 0.0f, mins = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = group + b * gb;
+        const BlockA16& ab = a[t * a_stride + b];
+        uint16_t d;
+        std::memcpy(&d, blk + 2 * r, 2);
+        int32_t s = 0;
+        for (int e = 0; e < kQK; ++e) {
+          s += PackedElement(type, blk + ScaleBytes(type), r, e) * int32_t{ab.qs[e]};
+        }
+        acc = std::fma(static_cast<float>(s) * ab.d, Fp16ToFloat(d), acc);
+        if (type == DType::kQ4_1) {
+          uint16_t m;
+          std::memcpy(&m, blk + 32 + 2 * r, 2);
+          mins = std::fma(Fp16ToFloat(m), ab.d * static_cast<float>(ab.sum), mins);
+        }
+      }
+      out[t * ldo + r] = type == DType::kQ4_1 ? acc + mins : acc;
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace kvmesh::kernels

@@ -1,0 +1,48 @@
+// Weights repacked for the CPU integer kernels: 16 rows interleaved per 32-element block.
+//
+// The row-major GGUF layout makes a row's block dot product 16 int32 lanes of partial sums that
+// must be converted, scaled and accumulated in fp32 per block and reduced at the end: three
+// float operations per integer one. Packed, one 512-bit register holds one element pair of 16
+// rows, so 16 multiply-adds against broadcast activation pairs leave each lane holding a whole
+// block's integer dot product for its own row, and the fp32 work is one conversion and two
+// fused operations per 16 rows. Every ISA computes a packed product with the same operations
+// in the same order (same bits); see PackedTile in kernels/cpu/primitives.h.
+//
+// Layout of a matrix's first rows / 16 * 16 rows: groups of 16 rows one after another; each
+// group is its nb = cols / 32 blocks one after another; a group-block is
+//   uint16_t d[16]          fp16 scales of the 16 rows
+//   uint16_t m[16]          fp16 minimums (Q4_1 only)
+//   quants                  Q4_0/Q4_1: 8 chunks of 32 bytes; byte i of chunk p holds row i / 2's
+//                           element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in its high
+//                           one. Q8_0: 16 chunks of 32 bytes; byte i of chunk k is row i / 2's
+//                           element 2k + i % 2.
+// so a group-block is exactly 16 of the type's blocks in size.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/matmul.h"
+
+namespace kvmesh::kernels {
+
+inline constexpr int64_t kPackRows = 16;
+
+// Q4_0, Q4_1 and Q8_0 have a packed form.
+bool PackableType(DType t);
+
+// Bytes of one packed group-block of type t (16 blocks).
+int64_t PackedGroupBlockBytes(DType t);
+
+// Whether the active ISA has a vector kernel for packed products (AVX-512 today); elsewhere
+// they run the plain C++ reference, slower than the row-major kernels, so callers should not
+// pack.
+bool PackedKernelIsFast();
+
+// w with its first w.rows / 16 * 16 rows also packed into `storage` (w.packed, w.packed_rows);
+// w unchanged if its type has no packed form or it has fewer than 16 rows. The plain rows stay
+// where they were (the rows past the last group, and row ranges that do not start on a group,
+// are read from them).
+WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage);
+
+}  // namespace kvmesh::kernels
