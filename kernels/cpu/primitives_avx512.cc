@@ -302,6 +302,13 @@ KVMESH_AVX512 void PackedTile(DType type, const uint8_t* group, int64_t nb, cons
 // path.
 constexpr int64_t kMaxG = 4;
 
+// v, pinned in a register: without this the compiler folds a load used by several heads' fused
+// multiply-adds into each of them, and the loop becomes bound by loads instead of arithmetic.
+KVMESH_AVX512 inline __m512 InRegister(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+
 // K/V rows as qk/pv read them: fp32 (staged) or fp16 (in the cache, converted in registers).
 // Both give the same floats, so the two entry points are bit-identical.
 struct F32Rows {
@@ -349,7 +356,7 @@ KVMESH_AVX512 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_
   }
   for (int64_t i = 1; i < d; ++i) {
     __m512 ki[VN];
-    for (int c = 0; c < VN; ++c) ki[c] = k.Load(i, c);
+    for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
     for (int g = 0; g < GN; ++g) {
       const __m512 qv = _mm512_set1_ps(qs[g][i]);
       for (int c = 0; c < VN; ++c) acc[g][c] = _mm512_fmadd_ps(qv, ki[c], acc[g][c]);
@@ -495,7 +502,7 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float*
   }
   for (int64_t j = 0; j < n; ++j) {
     __m512 vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = v.Load(j, c);
+    for (int c = 0; c < 4; ++c) vv[c] = InRegister(v.Load(j, c));
     for (int g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(p[g * ps + j]);
       for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
