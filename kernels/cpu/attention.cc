@@ -56,6 +56,26 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   return k;
 }
 
+// Asks for the K/V of keys [j0, j0 + n) ahead of use: the blocks of a long context are spread
+// over the pool (each holds every layer), so the hardware prefetcher does not see the next chunk
+// coming. `runs` is scratch for kKeyChunk + 1 runs.
+void Prefetch(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
+              const uint16_t* vbase, int64_t j0, int64_t n, Run* runs) {
+  const int64_t n_runs = RunsOf(a, table, j0, n, runs);
+  constexpr int64_t kLine = 64 / sizeof(uint16_t);
+  for (int64_t r = 0; r < n_runs; ++r) {
+    // K: head_dim rows of len keys, block_size apart; V: len rows of head_dim, pos_stride apart.
+    for (int64_t i = 0; i < a.head_dim; ++i) {
+      __builtin_prefetch(kbase + runs[r].k_at + i * a.block_size);
+    }
+    for (int64_t j = 0; j < runs[r].len; ++j) {
+      for (int64_t e = 0; e < a.head_dim; e += kLine) {
+        __builtin_prefetch(vbase + runs[r].at + j * a.pos_stride + e);
+      }
+    }
+  }
+}
+
 // Converts the chunk's K (its runs, n keys) into fp32 transposed [d, kKeyChunk]: a run's
 // positions are contiguous for each dim, so each is one conversion per dim.
 void StageK(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* kbase,
@@ -218,7 +238,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     scores.resize(static_cast<size_t>(group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     vf.resize(static_cast<size_t>(kKeyChunk * d));
-    Run runs[kKeyChunk + 1];
+    Run runs[2 * (kKeyChunk + 1)];  // this chunk's, then the next one's (prefetched)
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
@@ -244,6 +264,10 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       const uint16_t* vbase = a.v + kvh * d;
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
         const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
+        if (j0 + kKeyChunk < j_end) {
+          Prefetch(a, task.table, kbase, vbase, j0 + kKeyChunk,
+                   std::min(kKeyChunk, j_end - j0 - kKeyChunk), runs + n_runs);
+        }
         ChunkKv kv;
         const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
         if (task.n_rows == 1 && a.block_size % 16 == 0) {
