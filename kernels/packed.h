@@ -34,9 +34,9 @@ bool PackableType(DType t);
 // Bytes of one packed group-block of type t (16 blocks).
 int64_t PackedGroupBlockBytes(DType t);
 
-// Whether the active ISA has a vector kernel for packed products (AVX-512 today); elsewhere
-// they run the plain C++ reference, slower than the row-major kernels, so callers should not
-// pack.
+// Whether the active ISA has a vector kernel for packed products (AVX-512, AVX2); the scalar
+// table runs the plain C++ reference, slower than the row-major kernels, so callers should not
+// pack there.
 bool PackedKernelIsFast();
 
 // w with its first w.rows / 16 * 16 rows also packed into `storage` (w.packed, w.packed_rows);

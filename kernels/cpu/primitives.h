@@ -85,6 +85,24 @@ constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
                          int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
 
+// A PackedTile entry from one kernel per packed type (the reference for any other type).
+using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
+template <PackedTypeTile Q4_0, PackedTypeTile Q4_1, PackedTypeTile Q8_0>
+void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                       int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+  switch (type) {
+    case DType::kQ4_0:
+      return Q4_0(group, nb, a, a_stride, tokens, out, ldo);
+    case DType::kQ4_1:
+      return Q4_1(group, nb, a, a_stride, tokens, out, ldo);
+    case DType::kQ8_0:
+      return Q8_0(group, nb, a, a_stride, tokens, out, ldo);
+    default:
+      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo);
+  }
+}
+
 const Primitives& ScalarPrimitives();
 const Primitives& Avx2Primitives();
 const Primitives& Avx512Primitives();

@@ -242,28 +242,118 @@ KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int6
   }
 }
 
+// Packed 16-row groups (kernels/packed.h), one half of the group (8 rows, one register of
+// int32/fp32 lanes) at a time: AVX2 has 16 registers. VPMADDWD sums each element pair into its
+// row's lane; the fp32 steps are PackedTileReference's, lane for lane (same bits).
+KVMESH_AVX2 inline __m256i Broadcast32(const int16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+KVMESH_AVX2 inline __m128i Load16(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+template <DType T, int N>
+KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
+                            int64_t a_stride, float* out, int64_t ldo) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+  constexpr int64_t kGroupBlock = 16 * (kQ8 ? 34 : kMin ? 20 : 18);
+  constexpr int kScales = kMin ? 64 : 32;
+  __m256 acc[N], mins[N];
+  for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlock;
+    const uint8_t* q = blk + kScales + 16 * half;
+    const BlockA16* ab[N];
+    __m256i s[N];
+    for (int t = 0; t < N; ++t) {
+      ab[t] = a + t * a_stride + b;
+      s[t] = _mm256_setzero_si256();
+    }
+    if constexpr (kQ8) {
+      for (int k = 0; k < 16; ++k) {
+        const __m256i w = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
+        for (int t = 0; t < N; ++t) {
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(w, Broadcast32(ab[t]->qs + 2 * k)));
+        }
+      }
+    } else {
+      for (int p = 0; p < 8; ++p) {
+        const __m256i v = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
+        __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15));
+        __m256i hi = _mm256_srli_epi16(v, 4);
+        if constexpr (T == DType::kQ4_0) {
+          lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
+          hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+        }
+        for (int t = 0; t < N; ++t) {
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(lo, Broadcast32(ab[t]->qs + 4 * p)));
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(hi, Broadcast32(ab[t]->qs + 4 * p + 2)));
+        }
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(Load16(blk + 16 * half));
+    for (int t = 0; t < N; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(ab[t]->d)),
+                               dw, acc[t]);
+    }
+    if constexpr (kMin) {
+      const __m256 m = _mm256_cvtph_ps(Load16(blk + 32 + 16 * half));
+      for (int t = 0; t < N; ++t) {
+        mins[t] =
+            _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->d * static_cast<float>(ab[t]->sum)), mins[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; ++t) {
+    _mm256_storeu_ps(out + t * ldo + 8 * half, kMin ? _mm256_add_ps(acc[t], mins[t]) : acc[t]);
+  }
+}
+
+template <DType T>
+KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
+                              int64_t tokens, float* out, int64_t ldo) {
+  constexpr int kChunk = 4;
+  using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t);
+  static constexpr Tail kTail[kChunk] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>,
+                                         PackedHalf<T, 3>};
+  for (int half = 0; half < 2; ++half) {
+    int64_t t = 0;
+    for (; t + kChunk <= tokens; t += kChunk) {
+      PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+    }
+    if (t < tokens) {
+      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+    }
+  }
+}
+
 }  // namespace
 
 const Primitives& Avx2Primitives() {
-  static const Primitives t{.q4_0_a16 = DotQ4_0A16,
-                            .q4_1_a16 = DotQ4_1A16,
-                            .q8_0_a16 = DotQ8_0A16,
-                            // K-quants: the scalar integer dots (AVX-512 has vector ones).
-                            .q4_k_a16 = ScalarPrimitives().q4_k_a16,
-                            .q6_k_a16 = ScalarPrimitives().q6_k_a16,
-                            .f32_f32 = DotF32F32,
-                            .packed_tile = PackedTileReference,
-                            .quantize_a16 = QuantizeA16,
-                            .exp_shifted = ExpShifted,
-                            .exp_shifted_sum = ExpShiftedSum,
-                            .silu_mul = SiluMul,
-                            .qk_t = QkT,
-                            .qk_t_f16 = GenericQkTF16Of<Avx2Primitives>,
-                            .pv = GenericPv,
-                            .pv_f16 = GenericPvF16Of<Avx2Primitives>,
-                            .f16_to_f32 = F16ToF32,
-                            .f16_to_f32_tile = GenericF16ToF32Tile,
-                            .to_fp16 = ToFp16};
+  static const Primitives t{
+      .q4_0_a16 = DotQ4_0A16,
+      .q4_1_a16 = DotQ4_1A16,
+      .q8_0_a16 = DotQ8_0A16,
+      // K-quants: the scalar integer dots (AVX-512 has vector ones).
+      .q4_k_a16 = ScalarPrimitives().q4_k_a16,
+      .q6_k_a16 = ScalarPrimitives().q6_k_a16,
+      .f32_f32 = DotF32F32,
+      .packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                                       PackedTileOf<DType::kQ8_0>>,
+      .quantize_a16 = QuantizeA16,
+      .exp_shifted = ExpShifted,
+      .exp_shifted_sum = ExpShiftedSum,
+      .silu_mul = SiluMul,
+      .qk_t = QkT,
+      .qk_t_f16 = GenericQkTF16Of<Avx2Primitives>,
+      .pv = GenericPv,
+      .pv_f16 = GenericPvF16Of<Avx2Primitives>,
+      .f16_to_f32 = F16ToF32,
+      .f16_to_f32_tile = GenericF16ToF32Tile,
+      .to_fp16 = ToFp16};
   return t;
 }
 

@@ -283,20 +283,6 @@ KVMESH_AVX512 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16
   if (t < tokens) kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
 }
 
-KVMESH_AVX512 void PackedTile(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
-  switch (type) {
-    case DType::kQ4_0:
-      return PackedTileOf<DType::kQ4_0>(group, nb, a, a_stride, tokens, out, ldo);
-    case DType::kQ4_1:
-      return PackedTileOf<DType::kQ4_1>(group, nb, a, a_stride, tokens, out, ldo);
-    case DType::kQ8_0:
-      return PackedTileOf<DType::kQ8_0>(group, nb, a, a_stride, tokens, out, ldo);
-    default:
-      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo);
-  }
-}
-
 // Attention for head_dim 64 over fp32-staged K/V rows (four 16-float registers per row); pv
 // keeps up to 4 heads' outputs in registers for the whole chunk. Other shapes take the generic
 // path.
@@ -562,7 +548,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile = PackedTile;
+    d.packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                                      PackedTileOf<DType::kQ8_0>>;
     d.qk_t = QkT;
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;
