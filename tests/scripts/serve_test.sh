@@ -140,18 +140,27 @@ PY
 else
   echo "serve prometheus: SKIPPED (prometheus not installed)"
 fi
-# A request in flight when SIGTERM arrives still completes.
+# A request in flight when SIGTERM arrives still completes. SIGTERM is sent once the server
+# reports it running (a fixed sleep raced the client's start on a loaded machine).
 python3 - "$url" >"$work/inflight" 2>&1 <<'PY' &
 import json, sys, urllib.request
 req = urllib.request.Request(sys.argv[1] + "/v1/completions", method="POST", data=json.dumps(
-    {"prompt": "Count:", "max_tokens": 48, "ignore_eos": True, "temperature": 0}).encode())
+    {"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "temperature": 0}).encode())
 print(json.loads(urllib.request.urlopen(req, timeout=60).read())["usage"]["completion_tokens"])
 PY
 client=$!
-sleep 0.3
+python3 - "$url" <<'PY' || fail "the in-flight request never showed as running"
+import re, sys, time, urllib.request
+for _ in range(1000):
+    text = urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=5).read().decode()
+    if re.search(r"^kvmesh:num_requests_running(\{[^}]*\})? 1$", text, re.M):
+        sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+PY
 stop
 wait "$client"
-[[ "$(cat "$work/inflight")" == 48 ]] || fail "in-flight request across SIGTERM: $(cat "$work/inflight")"
+[[ "$(cat "$work/inflight")" == 400 ]] || fail "in-flight request across SIGTERM: $(cat "$work/inflight")"
 echo "serve shutdown: SIGTERM drained the in-flight request and exited 0"
 
 start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096
