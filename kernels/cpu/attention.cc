@@ -56,23 +56,29 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   return k;
 }
 
-// Asks for the K/V of keys [j0, j0 + n) ahead of use: the blocks of a long context are spread
-// over the pool (each holds every layer), so the hardware prefetcher does not see the next chunk
-// coming. `runs` is scratch for kKeyChunk + 1 runs.
-void Prefetch(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
-              const uint16_t* vbase, int64_t j0, int64_t n, Run* runs) {
+// Calls f(address) for each cache line holding one KV head's K and V of keys [j0, j0 + n), to
+// ask for them ahead of use: the blocks of a long context are spread over the pool (each holds
+// every layer), so the hardware prefetcher does not see the next chunk coming. `runs` is scratch
+// for kKeyChunk + 1 runs.
+constexpr int64_t kLineBytes = 64;
+constexpr int64_t kMaxLines = 1024;
+template <typename F>
+void ForEachLine(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
+                 const uint16_t* vbase, int64_t j0, int64_t n, Run* runs, F f) {
+  auto span = [&](const uint16_t* p, int64_t elems) {
+    const auto e = reinterpret_cast<uintptr_t>(p + elems);
+    for (auto l = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kLineBytes - 1}; l < e;
+         l += kLineBytes) {
+      f(reinterpret_cast<const void*>(l));
+    }
+  };
   const int64_t n_runs = RunsOf(a, table, j0, n, runs);
-  constexpr int64_t kLine = 64 / sizeof(uint16_t);
   for (int64_t r = 0; r < n_runs; ++r) {
-    // K: head_dim rows of len keys, block_size apart; V: len rows of head_dim, pos_stride apart.
-    for (int64_t i = 0; i < a.head_dim; ++i) {
-      __builtin_prefetch(kbase + runs[r].k_at + i * a.block_size);
-    }
-    for (int64_t j = 0; j < runs[r].len; ++j) {
-      for (int64_t e = 0; e < a.head_dim; e += kLine) {
-        __builtin_prefetch(vbase + runs[r].at + j * a.pos_stride + e);
-      }
-    }
+    // K: head_dim rows of the run's keys, block_size apart, taken as the one span from the first
+    // row's first key to the last row's last; V: len rows of head_dim, pos_stride apart.
+    span(kbase + runs[r].k_at, (a.head_dim - 1) * a.block_size + runs[r].len);
+    for (int64_t j = 0; j < runs[r].len; ++j)
+      span(vbase + runs[r].at + j * a.pos_stride, a.head_dim);
   }
 }
 
@@ -239,6 +245,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     vf.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs[2 * (kKeyChunk + 1)];  // this chunk's, then the next one's (prefetched)
+    const void* lines[kMaxLines];
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
@@ -264,10 +271,27 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       const uint16_t* vbase = a.v + kvh * d;
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
         const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
+        // The next chunk's lines: a lone row asks for them at once; a task of several rows
+        // spreads them over its rows (a burst of misses stalls on the core's miss buffers, and
+        // listing them first costs more than a lone row's chunk can hide).
+        int64_t n_lines = 0;
         if (j0 + kKeyChunk < j_end) {
-          Prefetch(a, task.table, kbase, vbase, j0 + kKeyChunk,
-                   std::min(kKeyChunk, j_end - j0 - kKeyChunk), runs + n_runs);
+          const int64_t next = std::min(kKeyChunk, j_end - j0 - kKeyChunk);
+          if (task.n_rows == 1) {
+            ForEachLine(a, task.table, kbase, vbase, j0 + kKeyChunk, next, runs + n_runs,
+                        [](const void* l) { __builtin_prefetch(l); });
+          } else {
+            ForEachLine(a, task.table, kbase, vbase, j0 + kKeyChunk, next, runs + n_runs,
+                        [&](const void* l) {
+                          if (n_lines < kMaxLines) lines[n_lines++] = l;
+                        });
+          }
         }
+        auto prefetch = [&](int64_t i) {
+          for (int64_t l = i * n_lines / task.n_rows; l < (i + 1) * n_lines / task.n_rows; ++l) {
+            __builtin_prefetch(lines[l]);
+          }
+        };
         ChunkKv kv;
         const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
         if (task.n_rows == 1 && a.block_size % 16 == 0) {
@@ -293,6 +317,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
           kv.vf = vf.data();
         }
         for (int64_t i = 0; i < task.n_rows; ++i) {
+          prefetch(i);
           const int64_t row = rows[task.first_row + i];
           const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
           if (n <= 0) continue;
