@@ -10,7 +10,9 @@
 //
 //   build/bin/shared_context_bench [--model PATH] [--threads N] [--contexts 1024,4096,8192]
 //       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
-//       [--decode-only]  (skip the TTFT runs)
+//       [--decode-only]  (skip the TTFT runs) [--reps 3]  (decode runs per concurrency,
+//       interleaved; medians reported)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -172,10 +174,10 @@ std::vector<int> Ints(const std::string& s) {
 }
 
 int Main(int argc, char** argv) {
-  auto f = coordinator::Flags::Parse(
-      argc, argv, 1,
-      {"model", "threads", "contexts", "kind", "concurrency", "decode-tokens", "kv-cache-mem"},
-      {"json", "decode-only"});
+  auto f = coordinator::Flags::Parse(argc, argv, 1,
+                                     {"model", "threads", "contexts", "kind", "concurrency",
+                                      "decode-tokens", "kv-cache-mem", "reps"},
+                                     {"json", "decode-only"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
@@ -191,6 +193,7 @@ int Main(int argc, char** argv) {
   const auto contexts = Ints(f->String("contexts", "1024,4096,8192"));
   const auto conc = Ints(f->String("concurrency", "1,4,16"));
   const int decode_tokens = static_cast<int>(f->Int("decode-tokens", 64, 1, 4096).value_or(64));
+  const int reps = static_cast<int>(f->Int("reps", 3, 1, 100).value_or(3));
   const bool as_json = f->Has("json");
   json out = {{"model", e.model().config().name},
               {"threads", e.threads()},
@@ -245,18 +248,33 @@ int Main(int argc, char** argv) {
                     ratios[ratios.size() / 2]);
       }
     }
-    double single = 0;
+    // Repetitions interleave the concurrencies (1, 4, 16, 1, 4, 16, ...), so drift of the
+    // machine touches every column alike; medians and ratios of medians are reported.
+    std::map<int, std::vector<double>> rates;
+    for (int rep = 0; rep < reps; ++rep) {
+      for (int n : conc) {
+        auto rate = DecodeRate(e, w, n, decode_tokens);
+        if (!rate.ok()) return coordinator::Fail(rate.status());
+        rates[n].push_back(*rate);
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    const double single = rates.count(1) ? median(rates[1]) : 0;
     for (int n : conc) {
-      auto rate = DecodeRate(e, w, n, decode_tokens);
-      if (!rate.ok()) return coordinator::Fail(rate.status());
-      if (n == 1) single = *rate;
+      const double m = median(rates[n]);
+      const auto [lo, hi] = std::minmax_element(rates[n].begin(), rates[n].end());
       if (!as_json) {
         std::printf(
-            "decode, %2d concurrent sequences over the %d-token context: %.1f tokens/s%s\n", n, ctx,
-            *rate,
-            single > 0 && n > 1 ? StrCat(" (", *rate / single, "x one sequence)").c_str() : "");
+            "decode, %2d concurrent sequences over the %d-token context: %.1f tokens/s (median of "
+            "%d, %.1f-%.1f)%s\n",
+            n, ctx, m, reps, *lo, *hi,
+            single > 0 && n > 1 ? StrCat(", ", m / single, "x one sequence").c_str() : "");
       }
-      out["decode"].push_back({{"context", ctx}, {"sequences", n}, {"tokens_per_s", *rate}});
+      out["decode"].push_back(
+          {{"context", ctx}, {"sequences", n}, {"tokens_per_s", m}, {"samples", rates[n]}});
     }
   }
   if (as_json) std::cout << out.dump(2) << "\n";
