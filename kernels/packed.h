@@ -31,8 +31,12 @@ inline constexpr int64_t kPackRows = 16;
 // Q4_0, Q4_1 and Q8_0 have a packed form.
 bool PackableType(DType t);
 
-// Bytes of one packed group-block of type t (16 blocks).
-int64_t PackedGroupBlockBytes(DType t);
+// Bytes of one packed group-block of a packable type t (16 of its blocks).
+constexpr int64_t PackedGroupBlockBytes(DType t) {
+  return kPackRows * static_cast<int64_t>(t == DType::kQ8_0   ? sizeof(BlockQ8_0)
+                                          : t == DType::kQ4_1 ? sizeof(BlockQ4_1)
+                                                              : sizeof(BlockQ4_0));
+}
 
 // Whether the active ISA has a vector kernel for packed products (AVX-512, AVX2); the scalar
 // table runs the plain C++ reference, slower than the row-major kernels, so callers should not

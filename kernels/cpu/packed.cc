@@ -53,8 +53,6 @@ int PackedElement(DType t, const uint8_t* q, int r, int e) {
 
 bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0; }
 
-int64_t PackedGroupBlockBytes(DType t) { return kPackRows * TraitsOf(t).block_bytes; }
-
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
 
 WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage) {
