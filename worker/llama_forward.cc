@@ -42,12 +42,23 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
       comm_(comm),
       place_(place) {
   const auto& c = model.config();
+  // Where the ISA has a packed kernel, the integer-path matrices are repacked in 16-row groups
+  // (kernels/packed.h): a rank-owned contiguous copy, read from the mapped file once. Otherwise
+  // the column slices (O, down) of a TP shard are copied into contiguous rank-owned rows: read
+  // in place they would share pages and prefetch streams with the peers' columns.
+  const bool pack = kernels::PackedKernelIsFast();
   for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
-    layers_.push_back(model::SliceLayer(model.layer(l), c, shard));
-    if (shard.tp_size > 1) {
-      for (kernels::WeightMatrix* w : {&layers_.back().wo, &layers_.back().w_down}) {
-        *w = Materialise(*w);
+    model::LlamaLayer& L = layers_.emplace_back(model::SliceLayer(model.layer(l), c, shard));
+    if (pack) {
+      for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+        *w = kernels::PackWeights(*w, owned_.emplace_back());
+        // Fully packed: its plain pages are not read again (they would refault if they were).
+        if (w->packed_rows == w->rows) {
+          model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
+        }
       }
+    } else if (shard.tp_size > 1) {
+      for (kernels::WeightMatrix* w : {&L.wo, &L.w_down}) *w = Materialise(*w);
     }
   }
   if (shard.tp_size > 1) {
@@ -59,19 +70,12 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
     }
   }
   output_ = model::SliceOutput(model.output(), shard);
-  if (kernels::PackedKernelIsFast()) {
-    // Repack the integer-path matrices in 16-row groups (kernels/packed.h). The output matrix
-    // is the token embedding too (tied), whose rows the embedding lookup reads, so only the
-    // layers' plain pages are let go.
-    for (model::LlamaLayer& L : layers_) {
-      for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-        *w = kernels::PackWeights(*w, owned_.emplace_back());
-        if (w->packed_rows == w->rows) {
-          model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
-        }
-      }
-    }
+  if (pack && place.stage.last()) {
     output_ = kernels::PackWeights(output_, owned_.emplace_back());
+    // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
+    if (output_.packed_rows == output_.rows && model.output().data != model.tok_embd().data) {
+      model.gguf().DropPages(output_.data, static_cast<size_t>(output_.rows) * output_.row_bytes);
+    }
   }
   for (int r = 0; r < shard.tp_size; ++r) {
     const auto s = model::MakeTpShard(model, r, shard.tp_size);

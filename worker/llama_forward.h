@@ -100,8 +100,8 @@ class LlamaForward {
   comm::Communicator* comm_ = nullptr;  // null: one rank
   PipelinePlace place_;
   std::vector<model::LlamaLayer> layers_;  // this rank's views
-  // Column slices (O, down) copied into contiguous rank-owned rows: read in place they would
-  // share pages and prefetch streams with the peers' columns.
+  // Rank-owned weight bytes: packed matrices, or (without a packed kernel) the column slices
+  // O and down of a TP shard copied into contiguous rows.
   std::vector<std::vector<uint8_t>> owned_;
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;

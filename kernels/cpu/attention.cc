@@ -61,7 +61,7 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
 // every layer), so the hardware prefetcher does not see the next chunk coming. `runs` is scratch
 // for kKeyChunk + 1 runs.
 constexpr int64_t kLineBytes = 64;
-constexpr int64_t kMaxLines = 1024;
+constexpr int64_t kMaxLines = 1024;  // a multi-row task lists at most this many (a hint only)
 template <typename F>
 void ForEachLine(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
                  const uint16_t* vbase, int64_t j0, int64_t n, Run* runs, F f) {
@@ -74,9 +74,15 @@ void ForEachLine(const PagedAttentionArgs& a, const int32_t* table, const uint16
   };
   const int64_t n_runs = RunsOf(a, table, j0, n, runs);
   for (int64_t r = 0; r < n_runs; ++r) {
-    // K: head_dim rows of the run's keys, block_size apart, taken as the one span from the first
-    // row's first key to the last row's last; V: len rows of head_dim, pos_stride apart.
-    span(kbase + runs[r].k_at, (a.head_dim - 1) * a.block_size + runs[r].len);
+    // K: head_dim rows of the run's keys, block_size apart: one span from the first row's first
+    // key to the last row's last while rows are at most a line (the span then wastes nothing),
+    // else row by row; V: len rows of head_dim, pos_stride apart.
+    if (a.block_size * static_cast<int64_t>(sizeof(uint16_t)) <= kLineBytes) {
+      span(kbase + runs[r].k_at, (a.head_dim - 1) * a.block_size + runs[r].len);
+    } else {
+      for (int64_t i = 0; i < a.head_dim; ++i)
+        span(kbase + runs[r].k_at + i * a.block_size, runs[r].len);
+    }
     for (int64_t j = 0; j < runs[r].len; ++j)
       span(vbase + runs[r].at + j * a.pos_stride, a.head_dim);
   }

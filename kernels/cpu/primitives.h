@@ -81,7 +81,7 @@ constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace vexp
 
-// PackedTile in plain C++ (the scalar and AVX2 tables' entry; the reference for the others).
+// PackedTile in plain C++ (the scalar table's entry; the reference for the vector kernels).
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
                          int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
 
