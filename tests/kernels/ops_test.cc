@@ -196,6 +196,25 @@ TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
   }
 }
 
+// A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
+// same bytes as its rows copied out contiguously.
+TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+    const int64_t rows = 40, cols = 256, c0 = 64, c1 = 192;
+    const auto w = RandomWeights(t, rows, cols, 77);
+    const auto rb = static_cast<size_t>(RowBytes(t, cols));
+    const auto off = static_cast<size_t>(RowBytes(t, c0));
+    const auto run = static_cast<size_t>(RowBytes(t, c1 - c0));
+    std::vector<uint8_t> copy(rows * run);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(&copy[r * run], &w[r * rb + off], run);
+    std::vector<uint8_t> a, b;
+    const WeightMatrix slice = PackWeights({t, w.data() + off, rows, c1 - c0, rb}, a);
+    const WeightMatrix whole = PackWeights({t, copy.data(), rows, c1 - c0, run}, b);
+    EXPECT_EQ(slice.packed_rows, 32);
+    EXPECT_EQ(a, b) << TraitsOf(t).name;
+  }
+}
+
 TEST_P(IsaTest, MatMulManySharesOneInputAcrossTypes) {
   ThreadPool pool(2);
   const int64_t cols = 96, tokens = 6;
