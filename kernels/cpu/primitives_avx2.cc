@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/primitives.h"
 
@@ -202,8 +203,51 @@ KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
   }
 }
 
+// A value pinned in a register (without it the compiler folds a load shared by several heads'
+// multiply-adds into each of them).
+KVMESH_AVX2 inline __m256 InRegister(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
 // qk_t, 8 keys per register: one fused multiply-add chain per key in dim order, as the scalar
-// reference (same bits). Up to 4 heads x 32 keys of accumulators per pass.
+// reference (same bits). GN heads x VN vectors of accumulators (compile-time sizes, so they stay
+// in the 16 registers); each dim's K vectors are loaded once for all heads. Reads whole vectors
+// of K: kts must cover the last one.
+template <int GN, int VN>
+KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const float* kt, int64_t kts, float* out,
+                        int64_t ss, int64_t m) {
+  __m256 acc[GN][VN];
+  for (int c = 0; c < VN; ++c) {
+    const __m256 k0 = InRegister(_mm256_loadu_ps(kt + 8 * c));
+    for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g][0]), k0);
+  }
+  for (int64_t i = 1; i < d; ++i) {
+    __m256 ki[VN];
+    for (int c = 0; c < VN; ++c) ki[c] = InRegister(_mm256_loadu_ps(kt + i * kts + 8 * c));
+    for (int g = 0; g < GN; ++g) {
+      const __m256 qv = _mm256_set1_ps(qs[g][i]);
+      for (int c = 0; c < VN; ++c) acc[g][c] = _mm256_fmadd_ps(qv, ki[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    alignas(32) float tmp[8 * VN];
+    for (int c = 0; c < VN; ++c) _mm256_store_ps(tmp + 8 * c, acc[g][c]);
+    std::memcpy(out + g * ss, tmp, sizeof(float) * std::min<int64_t>(m, 8 * VN));
+  }
+}
+
+// GN heads over all n keys in tiles of VN vectors (the last tile narrower).
+template <int GN, int VN>
+KVMESH_AVX2 void QkHeads(const float (*qs)[256], int64_t d, const float* kt, int64_t kts, int64_t n,
+                         float* scores, int64_t ss) {
+  int64_t j0 = 0;
+  for (; j0 + 8 * VN <= n; j0 += 8 * VN) {
+    QkTile<GN, VN>(qs, d, kt + j0, kts, scores + j0, ss, 8 * VN);
+  }
+  for (; j0 < n; j0 += 8) QkTile<GN, 1>(qs, d, kt + j0, kts, scores + j0, ss, n - j0);
+}
+
 KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
                      float scale, float* scores, int64_t ss, float* row_max) {
   if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
@@ -213,32 +257,97 @@ KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int6
     for (int64_t g = 0; g < gn; ++g) {
       for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
     }
-    for (int64_t j0 = 0; j0 < n; j0 += 32) {
-      const int64_t vn = std::min<int64_t>(4, (n - j0 + 7) / 8);
-      __m256 acc[4][4];
-      for (int64_t c = 0; c < vn; ++c) {
-        const __m256 k0 = _mm256_loadu_ps(kt + j0 + 8 * c);
-        for (int64_t g = 0; g < gn; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g][0]), k0);
-      }
-      for (int64_t i = 1; i < d; ++i) {
-        for (int64_t c = 0; c < vn; ++c) {
-          const __m256 ki = _mm256_loadu_ps(kt + i * kts + j0 + 8 * c);
-          for (int64_t g = 0; g < gn; ++g)
-            acc[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(qs[g][i]), ki, acc[g][c]);
-        }
-      }
-      for (int64_t g = 0; g < gn; ++g) {
-        alignas(32) float tmp[32];
-        for (int64_t c = 0; c < vn; ++c) _mm256_store_ps(tmp + 8 * c, acc[g][c]);
-        const int64_t m = std::min<int64_t>(32, n - j0);
-        std::memcpy(scores + (g0 + g) * ss + j0, tmp, sizeof(float) * m);
-      }
+    float* out = scores + g0 * ss;
+    switch (gn) {
+      case 1:
+        QkHeads<1, 4>(qs, d, kt, kts, n, out, ss);
+        break;
+      case 2:
+        QkHeads<2, 4>(qs, d, kt, kts, n, out, ss);
+        break;
+      case 3:
+        QkHeads<3, 3>(qs, d, kt, kts, n, out, ss);
+        break;
+      default:
+        QkHeads<4, 2>(qs, d, kt, kts, n, out, ss);
+        break;
     }
   }
   for (int64_t g = 0; g < G; ++g) {
     float mx = scores[g * ss];
     for (int64_t j = 1; j < n; ++j) mx = std::max(mx, scores[g * ss + j]);
     row_max[g] = mx;
+  }
+}
+
+// p.v for head_dim 64: o[g][i] = fma(p[g][j], v[j][i], o[g][i]) for j in order (every path of
+// this table the same bits: staged fp32 rows and fp16 rows converted in registers). The 8
+// vectors of a head run in passes of W so G x W accumulators fit the registers.
+struct F32Rows {
+  const float* p;
+  KVMESH_AVX2 __m256 Load(int64_t j, int c) const { return _mm256_loadu_ps(p + j * 64 + 8 * c); }
+};
+struct F16Rows {
+  const uint16_t* const* rows;
+  KVMESH_AVX2 __m256 Load(int64_t j, int c) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + 8 * c)));
+  }
+};
+
+template <int G, int W, typename Rows>
+KVMESH_AVX2 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
+  for (int c0 = 0; c0 < 8; c0 += W) {
+    __m256 acc[G][W];
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < W; ++c) acc[g][c] = _mm256_loadu_ps(o + g * os + 8 * (c0 + c));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      for (int c = 0; c < W; ++c) {
+        const __m256 vv = InRegister(v.Load(j, c0 + c));
+        for (int g = 0; g < G; ++g)
+          acc[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ps + j]), vv, acc[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < W; ++c) _mm256_storeu_ps(o + g * os + 8 * (c0 + c), acc[g][c]);
+    }
+  }
+}
+
+template <typename Rows>
+KVMESH_AVX2 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
+                        int64_t os) {
+  switch (G) {
+    case 1:
+      return PvRowsG<1, 8>(p, ps, v, n, o, os);
+    case 2:
+      return PvRowsG<2, 4>(p, ps, v, n, o, os);
+    case 3:
+      return PvRowsG<3, 4>(p, ps, v, n, o, os);
+    default:
+      return PvRowsG<4, 2>(p, ps, v, n, o, os);
+  }
+}
+
+KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
+                    float* o, int64_t os) {
+  if (d == 64 && G <= 4) return PvRows(p, ps, G, F32Rows{v}, n, o, os);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t i = 0; i < d; ++i)
+        o[g * os + i] = std::fma(p[g * ps + j], v[j * d + i], o[g * os + i]);
+    }
+  }
+}
+
+KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
+                       const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
+  if (d == 64 && G <= 4) return PvRows(p, ps, G, F16Rows{rows}, n, o, os);
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(d));
+  for (int64_t j = 0; j < n; ++j) {
+    F16ToF32(rows[j], row.data(), d);
+    Pv(p + j, ps, G, d, row.data(), 1, o, os);
   }
 }
 
@@ -349,8 +458,8 @@ const Primitives& Avx2Primitives() {
       .silu_mul = SiluMul,
       .qk_t = QkT,
       .qk_t_f16 = GenericQkTF16Of<Avx2Primitives>,
-      .pv = GenericPv,
-      .pv_f16 = GenericPvF16Of<Avx2Primitives>,
+      .pv = Pv,
+      .pv_f16 = PvF16,
       .f16_to_f32 = F16ToF32,
       .f16_to_f32_tile = GenericF16ToF32Tile,
       .to_fp16 = ToFp16};
