@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -56,15 +57,14 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   return k;
 }
 
-// Calls f(address) for each cache line holding one KV head's K and V of keys [j0, j0 + n), to
-// ask for them ahead of use: the blocks of a long context are spread over the pool (each holds
-// every layer), so the hardware prefetcher does not see the next chunk coming. `runs` is scratch
-// for kKeyChunk + 1 runs.
+// Calls f(address) for each cache line holding one KV head's K and V of a chunk's runs, to ask
+// for them ahead of use: the blocks of a long context are spread over the pool (each holds every
+// layer), so the hardware prefetcher does not see the next chunk coming.
 constexpr int64_t kLineBytes = 64;
 constexpr int64_t kMaxLines = 1024;  // a multi-row task lists at most this many (a hint only)
 template <typename F>
-void ForEachLine(const PagedAttentionArgs& a, const int32_t* table, const uint16_t* kbase,
-                 const uint16_t* vbase, int64_t j0, int64_t n, Run* runs, F f) {
+void ForEachLine(const PagedAttentionArgs& a, const uint16_t* kbase, const uint16_t* vbase,
+                 const Run* runs, int64_t n_runs, F f) {
   auto span = [&](const uint16_t* p, int64_t elems) {
     const auto e = reinterpret_cast<uintptr_t>(p + elems);
     for (auto l = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kLineBytes - 1}; l < e;
@@ -72,7 +72,6 @@ void ForEachLine(const PagedAttentionArgs& a, const int32_t* table, const uint16
       f(reinterpret_cast<const void*>(l));
     }
   };
-  const int64_t n_runs = RunsOf(a, table, j0, n, runs);
   for (int64_t r = 0; r < n_runs; ++r) {
     // K: head_dim rows of the run's keys, block_size apart: one span from the first row's first
     // key to the last row's last while rows are at most a line (the span then wastes nothing),
@@ -250,7 +249,7 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     scores.resize(static_cast<size_t>(group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     vf.resize(static_cast<size_t>(kKeyChunk * d));
-    Run runs[2 * (kKeyChunk + 1)];  // this chunk's, then the next one's (prefetched)
+    Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
@@ -275,22 +274,26 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       }
       const uint16_t* kbase = a.k + kvh * d * a.block_size;
       const uint16_t* vbase = a.v + kvh * d;
+      // The runs of the current chunk; each chunk's are found once, as the next chunk's while
+      // its predecessor runs (for the prefetch), and then used here.
+      Run* runs = runs_a;
+      Run* next_runs = runs_b;
+      int64_t n_runs = RunsOf(a, task.table, j_begin, std::min(kKeyChunk, j_end - j_begin), runs);
       for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
-        const int64_t n_runs = RunsOf(a, task.table, j0, std::min(kKeyChunk, j_end - j0), runs);
         // The next chunk's lines: a lone row asks for them at once; a task of several rows
         // spreads them over its rows (a burst of misses stalls on the core's miss buffers, and
         // listing them first costs more than a lone row's chunk can hide).
-        int64_t n_lines = 0;
+        int64_t n_lines = 0, n_next = 0;
         if (j0 + kKeyChunk < j_end) {
-          const int64_t next = std::min(kKeyChunk, j_end - j0 - kKeyChunk);
+          n_next = RunsOf(a, task.table, j0 + kKeyChunk,
+                          std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
           if (task.n_rows == 1) {
-            ForEachLine(a, task.table, kbase, vbase, j0 + kKeyChunk, next, runs + n_runs,
+            ForEachLine(a, kbase, vbase, next_runs, n_next,
                         [](const void* l) { __builtin_prefetch(l); });
           } else {
-            ForEachLine(a, task.table, kbase, vbase, j0 + kKeyChunk, next, runs + n_runs,
-                        [&](const void* l) {
-                          if (n_lines < kMaxLines) lines[n_lines++] = l;
-                        });
+            ForEachLine(a, kbase, vbase, next_runs, n_next, [&](const void* l) {
+              if (n_lines < kMaxLines) lines[n_lines++] = l;
+            });
           }
         }
         auto prefetch = [&](int64_t i) {
@@ -332,6 +335,8 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
               (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
           AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(), rec);
         }
+        std::swap(runs, next_runs);
+        n_runs = n_next;
       }
     }
   });
