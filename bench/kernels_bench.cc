@@ -67,15 +67,19 @@ void BM_AttentionDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_AttentionDecode)->Args({512, 2})->Args({4096, 2})->UseRealTime();
 
-// args: shared context length, sequences, threads. One decode step of one layer over a paged
-// cache (16-token blocks): every sequence has the shared context's blocks and a 16-token block of
-// its own, as concurrent requests over one document do. Reports fp32 FLOP/s of q.k and p.v.
+// args: shared context length, sequences, threads, tokens of each sequence's own. One decode
+// step of one layer over a paged cache laid out as the engine's (16-token blocks, each holding
+// all 30 layers, so a layer's keys are spread over memory and a long context is not in cache):
+// every sequence has the shared context's blocks and its own tokens in blocks of its own, as
+// concurrent requests over one document do. Successive iterations visit successive layers.
+// Reports fp32 FLOP/s of q.k and p.v.
 void BM_PagedAttentionSharedDecode(benchmark::State& st) {
-  const int64_t ctx = st.range(0), seqs = st.range(1), H = 9, KV = 3, hd = 64, bs = 16;
+  const int64_t ctx = st.range(0), seqs = st.range(1), own = st.range(3);
+  const int64_t H = 9, KV = 3, hd = 64, bs = 16, layers = 30;
   ThreadPool pool(static_cast<int>(st.range(2)));
-  const int64_t half = KV * hd * bs, shared_blocks = ctx / bs;
-  const int64_t n_blocks = shared_blocks + seqs;
-  std::vector<uint16_t> cache(n_blocks * 2 * half);
+  const int64_t half = KV * hd * bs, shared_blocks = ctx / bs, own_blocks = (own + bs - 1) / bs;
+  const int64_t n_blocks = shared_blocks + seqs * own_blocks, block_stride = layers * 2 * half;
+  std::vector<uint16_t> cache(n_blocks * block_stride);
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& h : cache) h = FloatToFp16(u(rng));
@@ -83,23 +87,29 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
   std::vector<AttentionSeq> as(seqs);
   for (int64_t s = 0; s < seqs; ++s) {
     for (int64_t b = 0; b < shared_blocks; ++b) tables[s].push_back(static_cast<int32_t>(b));
-    tables[s].push_back(static_cast<int32_t>(shared_blocks + s));
-    as[s] = {s, 1, ctx + bs - 1, tables[s].data()};
+    for (int64_t b = 0; b < own_blocks; ++b) {
+      tables[s].push_back(static_cast<int32_t>(shared_blocks + s * own_blocks + b));
+    }
+    as[s] = {s, 1, ctx + own - 1, tables[s].data()};
   }
   std::vector<float> q(seqs * H * hd);
   for (auto& x : q) x = u(rng);
   std::vector<float> out(q.size());
-  const PagedAttentionArgs args{
-      q.data(), cache.data(), cache.data() + half, out.data(), H,     KV, hd, KV * hd,
-      bs,       2 * half,     as.data(),           seqs,       0.125f};
+  int64_t layer = 0;
   for (auto _ : st) {
-    PagedAttentionCpu(args, pool);
+    const uint16_t* k = cache.data() + layer * 2 * half;
+    PagedAttentionCpu({q.data(), k, k + half, out.data(), H, KV, hd, KV * hd, bs, block_stride,
+                       as.data(), seqs, 0.125f},
+                      pool);
     benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % layers;
   }
-  st.counters["FLOP/s"] = benchmark::Counter(4.0 * seqs * H * (ctx + bs) * hd * st.iterations(),
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * seqs * H * (ctx + own) * hd * st.iterations(),
                                              benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_PagedAttentionSharedDecode)->ArgsProduct({{1024, 4096}, {1, 16}, {2}})->UseRealTime();
+BENCHMARK(BM_PagedAttentionSharedDecode)
+    ->ArgsProduct({{1024, 4096}, {1, 16}, {2}, {16, 100}})
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace kvmesh::kernels

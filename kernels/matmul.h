@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "kernels/quant.h"
@@ -34,11 +35,18 @@ struct MatMulArgs {
   int64_t ldo;
   int64_t row_begin = 0, row_end = -1;  // -1: all rows
 };
-void MatMulCpu(const MatMulArgs& a, ThreadPool& pool);
+// Optional: fills rows [t0, t1) of the products' input x (a normalisation, an activation
+// function) just before they are read. It runs in the same parallel pass that quantises those
+// rows, so the step that makes x costs no pass over the pool (and no serial time) of its own.
+// Called for disjoint ranges covering [0, tokens), from any thread.
+using PrepareRows = std::function<void(int64_t t0, int64_t t1)>;
+
+void MatMulCpu(const MatMulArgs& a, ThreadPool& pool, const PrepareRows& prepare = {});
 
 // Several products that share one input (x, tokens and w.cols equal), such as Q, K and V of a
 // layer: the input is quantised once and all rows run in one parallel region (one wake-up of
 // the pool instead of one per matrix).
-void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool);
+void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool,
+                   const PrepareRows& prepare = {});
 
 }  // namespace kvmesh::kernels

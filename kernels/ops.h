@@ -32,6 +32,12 @@ struct RopeArgs {
   float theta_base = 10000.0f;
 };
 void RopeCpu(const RopeArgs& a);
+// RopeCpu in two parts, for callers that rotate many tensors at the same positions (every layer
+// of a batch): the table cs[t * rot_dim + 2i, + 1] = cos, sin of token t's angle for pair i,
+// then the rotation of x ([tokens, heads, head_dim]) by it. Same bits as RopeCpu.
+void RopeTableCpu(const int32_t* pos, int64_t tokens, int64_t rot_dim, float theta_base, float* cs);
+void RopeApplyCpu(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rot_dim,
+                  const float* cs);
 
 // Causal grouped-query attention over an fp16 KV cache, flash style (online softmax, no score
 // matrix). q: [tokens, n_heads, head_dim]; out: same shape. K and V of kv head h, position p

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_set>
 #include <vector>
@@ -24,6 +25,29 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The first index of the largest logit (as std::max_element), in two passes the compiler turns
+// into vector code: the maximum over 16 lanes, then the first position holding it. Logits have
+// no NaN (the forward pass checks its inputs; a NaN logit compares false and is never chosen).
+int32_t ArgMax(std::span<const float> x) {
+  constexpr size_t kLanes = 16;
+  float lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + kLanes <= x.size(); i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float m = *std::max_element(lanes, lanes + kLanes);
+  for (; i < x.size(); ++i) m = x[i] > m ? x[i] : m;
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (x[k] == m) return static_cast<int32_t>(k);
+  }
+  return 0;  // every logit is NaN or -inf
+}
+
+}  // namespace
+
 int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
   const int32_t n = static_cast<int32_t>(logits.size());
   if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0) {
@@ -38,7 +62,7 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
     }
   }
   if (p_.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return ArgMax(logits);
   }
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);

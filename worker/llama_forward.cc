@@ -291,24 +291,45 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
                            x_.data() + t * E, E);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // The rotary cos/sin of every row: the same for every layer.
+  rope_cs_.resize(n * c.rot_dim);
+  kernels::RopeTableCpu(pos_.data(), n, c.rot_dim, c.rope_theta, rope_cs_.data());
+  k16_.resize(n * KV * hd);
+  // The element-wise steps between products run row-parallel inside the next product's
+  // quantisation pass (kernels::PrepareRows): the residual add of the sub-layer before (held in
+  // tmp_ until then), the norm, the SwiGLU.
+  bool add_pending = false;
+  auto add_and_norm = [&](const float* norm_w) {
+    return [&, norm_w](int64_t t0, int64_t t1) {
+      if (add_pending)
+        kernels::AddInPlaceCpu(x_.data() + t0 * E, tmp_.data() + t0 * E, (t1 - t0) * E);
+      kernels::RmsNormCpu({x_.data() + t0 * E, norm_w, xn_.data() + t0 * E, t1 - t0, E, c.rms_eps});
+    };
+  };
   for (int64_t l = 0; l < n_layers(); ++l) {  // l indexes this rank's layers and cache
     const model::LlamaLayer& L = layers_[l];
-    kernels::RmsNormCpu({x_.data(), L.attn_norm, xn_.data(), n, E, c.rms_eps});
     const MatMulArgs qkv[] = {{L.wq, xn_.data(), q_.data(), n, H * hd},
                               {L.wk, xn_.data(), k_.data(), n, KV * hd},
                               {L.wv, xn_.data(), v_.data(), n, KV * hd}};
-    kernels::MatMulManyCpu(qkv, pool_);
-    kernels::RopeCpu({q_.data(), pos_.data(), n, H, hd, c.rot_dim, c.rope_theta});
-    kernels::RopeCpu({k_.data(), pos_.data(), n, KV, hd, c.rot_dim, c.rope_theta});
-    // Write each row's K/V ([KV, hd], one block slot) before attention reads it.
+    kernels::MatMulManyCpu(qkv, pool_, add_and_norm(L.attn_norm));
+    add_pending = false;
     uint16_t* kl = arena.k(l);
     uint16_t* vl = arena.v(l);
-    for (int64_t t = 0; t < n; ++t) {
-      // K is transposed within its block (kvstore/block_arena.h): element e every bs slots.
-      kernels::ConvertToFp16Cpu(k_.data() + t * KV * hd, k16_.data(), KV * hd);
-      for (int64_t e = 0; e < KV * hd; ++e) kl[k_at_[t] + e * bs] = k16_[e];
-      kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
-    }
+    // Rotate Q and K, and write each row's K/V ([KV, hd], one block slot) before attention
+    // reads it.
+    pool_.ParallelFor(n, 1, [&](int64_t t0, int64_t t1) {
+      kernels::RopeApplyCpu(q_.data() + t0 * H * hd, t1 - t0, H, hd, c.rot_dim,
+                            rope_cs_.data() + t0 * c.rot_dim);
+      kernels::RopeApplyCpu(k_.data() + t0 * KV * hd, t1 - t0, KV, hd, c.rot_dim,
+                            rope_cs_.data() + t0 * c.rot_dim);
+      for (int64_t t = t0; t < t1; ++t) {
+        // K is transposed within its block (kvstore/block_arena.h): element e every bs slots.
+        uint16_t* k16 = k16_.data() + t * KV * hd;
+        kernels::ConvertToFp16Cpu(k_.data() + t * KV * hd, k16, KV * hd);
+        for (int64_t e = 0; e < KV * hd; ++e) kl[k_at_[t] + e * bs] = k16[e];
+        kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
+      }
+    });
     kernels::PagedAttentionCpu(
         {q_.data(), kl, vl, attn_.data(), H, KV, hd, ps, bs, arena.block_stride(), segs_.data(),
          static_cast<int64_t>(segs_.size()), scale, shard_.group, shard_.q_head_begin,
@@ -318,19 +339,23 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
     if (reduce) {
       if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
-    kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
-
-    kernels::RmsNormCpu({x_.data(), L.ffn_norm, xn_.data(), n, E, c.rms_eps});
+    add_pending = true;
     const MatMulArgs gate_up[] = {{L.w_gate, xn_.data(), gate_.data(), n, F},
                                   {L.w_up, xn_.data(), up_.data(), n, F}};
-    kernels::MatMulManyCpu(gate_up, pool_);
-    kernels::SwiGluCpu(gate_.data(), up_.data(), gate_.data(), n * F);
-    kernels::MatMulCpu(MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_);
+    kernels::MatMulManyCpu(gate_up, pool_, add_and_norm(L.ffn_norm));
+    // Row by row, so that each row's bits do not depend on the batch.
+    kernels::MatMulCpu(
+        MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_, [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t) {
+            kernels::SwiGluCpu(gate_.data() + t * F, up_.data() + t * F, gate_.data() + t * F, F);
+          }
+        });
     if (reduce) {
       if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
-    kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
+    add_pending = true;
   }
+  if (add_pending) kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   if (place_.stage.last()) {
     for (int64_t t = 0; t < n; ++t) {
       if (const int32_t o = out_of_row_[b + t]; o >= 0) {

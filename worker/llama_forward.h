@@ -115,7 +115,8 @@ class LlamaForward {
   std::vector<kernels::AttentionSeq> segs_;
   std::vector<int64_t> kv_at_;     // per micro-batch row: its V slot's offset in a layer
   std::vector<int64_t> k_at_;      // ... and its K slot's (dim 0; dim e at + e * block_size)
-  std::vector<uint16_t> k16_;      // one row's K in fp16, before it is spread over its block
+  std::vector<uint16_t> k16_;      // the rows' K in fp16, before each is spread over its block
+  std::vector<float> rope_cs_;     // the rows' rotary cos/sin (kernels::RopeTableCpu)
   std::vector<float> gathered_;    // TP rank 0: every rank's logits slices, rank-major
   std::vector<float> hidden_out_;  // [n_logits, n_embd] final hidden states of the logits rows
 };

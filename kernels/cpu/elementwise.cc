@@ -18,27 +18,39 @@ void RmsNormCpu(const RmsNormArgs& a) {
   }
 }
 
-void RopeCpu(const RopeArgs& a) {
-  const int64_t half = a.rot_dim / 2;
-  // theta_i = pos * base^(-2i/rot_dim), computed per pair; cos/sin per token and pair are shared
-  // by every head, so compute them once per token.
-  std::vector<float> cs(static_cast<size_t>(2 * half));
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const float p = static_cast<float>(a.pos[t]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float theta = p * std::pow(a.theta_base, -2.0f * static_cast<float>(i) / a.rot_dim);
-      cs[2 * i] = std::cos(theta);
-      cs[2 * i + 1] = std::sin(theta);
+void RopeTableCpu(const int32_t* pos, int64_t tokens, int64_t rot_dim, float theta_base,
+                  float* cs) {
+  // theta_i = pos * base^(-2i/rot_dim), computed per pair.
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float p = static_cast<float>(pos[t]);
+    float* c = cs + t * rot_dim;
+    for (int64_t i = 0; i < rot_dim / 2; ++i) {
+      const float theta = p * std::pow(theta_base, -2.0f * static_cast<float>(i) / rot_dim);
+      c[2 * i] = std::cos(theta);
+      c[2 * i + 1] = std::sin(theta);
     }
-    for (int64_t h = 0; h < a.heads; ++h) {
-      float* x = a.x + (t * a.heads + h) * a.head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float x0 = x[2 * i], x1 = x[2 * i + 1];
-        x[2 * i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
-        x[2 * i + 1] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+  }
+}
+
+void RopeApplyCpu(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rot_dim,
+                  const float* cs) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* c = cs + t * rot_dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* xh = x + (t * heads + h) * head_dim;
+      for (int64_t i = 0; i < rot_dim / 2; ++i) {
+        const float x0 = xh[2 * i], x1 = xh[2 * i + 1];
+        xh[2 * i] = x0 * c[2 * i] - x1 * c[2 * i + 1];
+        xh[2 * i + 1] = x0 * c[2 * i + 1] + x1 * c[2 * i];
       }
     }
   }
+}
+
+void RopeCpu(const RopeArgs& a) {
+  std::vector<float> cs(static_cast<size_t>(a.tokens * a.rot_dim));
+  RopeTableCpu(a.pos, a.tokens, a.rot_dim, a.theta_base, cs.data());
+  RopeApplyCpu(a.x, a.tokens, a.heads, a.head_dim, a.rot_dim, cs.data());
 }
 
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n) {

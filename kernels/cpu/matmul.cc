@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -18,13 +19,15 @@ bool IsIntegerPath(DType t) {
 }
 
 // Quantises the tokens' activations once (in parallel over tokens) into `buf`.
+// `prepare` (if set) first fills the rows.
 const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols, ThreadPool& pool,
-                                    std::vector<uint8_t>& buf) {
+                                    const PrepareRows& prepare, std::vector<uint8_t>& buf) {
   const int64_t nb = cols / kQK;
   buf.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA16));
   auto* q = reinterpret_cast<BlockA16*>(buf.data());
   const auto quantize = cpu::Prims().quantize_a16;
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
+    if (prepare) prepare(t0, t1);
     for (int64_t t = t0; t < t1; ++t) quantize(x + t * cols, q + t * nb, cols);
   });
   return q;
@@ -110,7 +113,7 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
 
 }  // namespace
 
-void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool) {
+void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool, const PrepareRows& prepare) {
   if (mats.empty() || mats[0].tokens <= 0) return;
   struct Tile {
     int32_t m;
@@ -131,14 +134,52 @@ void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool) {
     quantised |= IsIntegerPath(a.w.type);
   }
   thread_local std::vector<uint8_t> act;
-  const BlockA16* xq =
-      quantised ? QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, pool, act)
-                : nullptr;
-  pool.ParallelFor(static_cast<int64_t>(tiles.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) RunTile(mats[tiles[i].m], tiles[i].r0, tiles[i].r1, xq);
+  const BlockA16* xq = nullptr;
+  if (quantised) {
+    xq = QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, pool, prepare, act);
+  } else if (prepare) {
+    pool.ParallelFor(mats[0].tokens, 1, prepare);
+  }
+  // Each thread owns a contiguous share of the tiles (so its weight stream stays sequential for
+  // the prefetcher) and walks it through a cursor; a thread done with its own share takes the
+  // remaining tiles of the others' from the same cursors, so a core slowed for a moment (this
+  // is a shared machine) does not hold the other at the join.
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  const int n_threads = static_cast<int>(std::min<int64_t>(pool.size(), n_tiles));
+  if (n_threads <= 1) {
+    for (const Tile& t : tiles) RunTile(mats[t.m], t.r0, t.r1, xq);
+    return;
+  }
+  struct alignas(64) Cursor {
+    std::atomic<int64_t> next;
+    int64_t end;
+  };
+  thread_local std::vector<Cursor> cursors_storage;
+  std::vector<Cursor>& cursors = cursors_storage;
+  if (cursors.size() < static_cast<size_t>(n_threads)) cursors = std::vector<Cursor>(n_threads);
+  for (int s = 0; s < n_threads; ++s) {
+    cursors[s].next.store(s * n_tiles / n_threads, std::memory_order_relaxed);
+    cursors[s].end = (s + 1) * n_tiles / n_threads;
+  }
+  // Tiles per claim: about 8 token-tiles of work, so that few tokens (a tile is then a fraction
+  // of a microsecond) do not pay an atomic per tile.
+  const int64_t claim = std::max<int64_t>(1, 8 / mats[0].tokens);
+  pool.Run([&](int t, int) {
+    if (t >= n_threads) return;
+    for (int k = 0; k < n_threads; ++k) {
+      Cursor& c = cursors[(t + k) % n_threads];
+      for (int64_t i = c.next.fetch_add(claim, std::memory_order_relaxed); i < c.end;
+           i = c.next.fetch_add(claim, std::memory_order_relaxed)) {
+        for (int64_t j = i; j < std::min(i + claim, c.end); ++j) {
+          RunTile(mats[tiles[j].m], tiles[j].r0, tiles[j].r1, xq);
+        }
+      }
+    }
   });
 }
 
-void MatMulCpu(const MatMulArgs& a, ThreadPool& pool) { MatMulManyCpu({&a, 1}, pool); }
+void MatMulCpu(const MatMulArgs& a, ThreadPool& pool, const PrepareRows& prepare) {
+  MatMulManyCpu({&a, 1}, pool, prepare);
+}
 
 }  // namespace kvmesh::kernels

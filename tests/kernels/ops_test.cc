@@ -237,6 +237,37 @@ TEST_P(IsaTest, MatMulManySharesOneInputAcrossTypes) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(one[i], many[i]) << TraitsOf(types[i]).name;
 }
 
+// The prepare hook fills each input row once before it is read, for integer and float weights
+// alike, and the product equals one over the input prepared beforehand. Also the claims of the
+// tile cursors: every row is computed, for few and many tokens, whatever thread finishes first.
+TEST_P(IsaTest, MatMulPrepareFillsEachRowOnceBeforeItIsRead) {
+  ThreadPool pool(2);
+  const int64_t cols = 96;
+  for (const int64_t tokens : {1, 3, 16}) {
+    for (DType t : {DType::kQ4_1, DType::kF16}) {
+      const int64_t rows = 75;  // packed groups and a tail
+      const auto w = RandomWeights(t, rows, cols, 9);
+      std::vector<uint8_t> packed;
+      const WeightMatrix wm =
+          PackWeights({t, w.data(), rows, cols, static_cast<size_t>(RowBytes(t, cols))}, packed);
+      const auto src = Randn(tokens * cols, 23);
+      std::vector<float> ready(src.size()), lazy(src.size(), std::nanf(""));
+      for (size_t i = 0; i < src.size(); ++i) ready[i] = 2.0f * src[i] + 1.0f;
+      std::vector<float> want(tokens * rows), got(tokens * rows, -1.0f);
+      MatMulCpu({wm, ready.data(), want.data(), tokens, rows}, pool);
+      std::vector<std::atomic<int>> calls(tokens);
+      MatMulCpu({wm, lazy.data(), got.data(), tokens, rows}, pool, [&](int64_t t0, int64_t t1) {
+        for (int64_t r = t0; r < t1; ++r) {
+          calls[r].fetch_add(1);
+          for (int64_t c = 0; c < cols; ++c) lazy[r * cols + c] = ready[r * cols + c];
+        }
+      });
+      for (int64_t r = 0; r < tokens; ++r) EXPECT_EQ(calls[r].load(), 1) << "row " << r;
+      EXPECT_EQ(got, want) << TraitsOf(t).name << ", " << tokens << " tokens";
+    }
+  }
+}
+
 TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
   ThreadPool pool(2);
   struct Case {

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace kvmesh::model {
@@ -16,6 +19,28 @@ TEST(Sampler, GreedyPicksTheArgmax) {
   Sampler s(p);
   auto l = Logits();
   EXPECT_EQ(s.Sample(l, {}), 1);
+}
+
+TEST(Sampler, GreedyIsTheFirstMaximumAtEveryLengthAndPosition) {
+  // The vectorised argmax against std::max_element: lengths around the 16-lane width, the
+  // maximum in the body, the tail, and tied between lanes and the tail.
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-8, 8);  // few values: many ties
+  for (size_t n : {1u, 15u, 16u, 17u, 33u, 49152u, 49157u}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> l(n);
+      for (auto& x : l) x = static_cast<float>(small(rng)) * 0.25f;
+      if (trial % 4 == 1) l[n - 1] = 100.0f;  // the maximum in the tail
+      if (trial % 4 == 2) l[rng() % n] = l[rng() % n] = 50.0f;
+      const auto want = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      EXPECT_EQ(s.Sample(l, {}), want) << "n " << n << " trial " << trial;
+    }
+  }
+  std::vector<float> all_low(40, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(s.Sample(all_low, {}), 0);
 }
 
 TEST(Sampler, SameSeedSameTokensDifferentSeedDiffers) {
