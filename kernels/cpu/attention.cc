@@ -242,7 +242,29 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   }
 
   // Tasks differ in size (shared ranges, triangular prefill), so threads take them dynamically.
-  const int64_t n_units = static_cast<int64_t>(tasks.size()) * a.n_kv_heads;
+  // A unit is a task and KV heads [kvh0, kvh1): one head for a task of several rows (its
+  // staged chunk is per head); every head for a task of one row when there are enough such
+  // tasks to keep the threads busy: its chunks then read each block's K and V of all heads
+  // (adjacent in the block) together, which the hardware prefetcher streams (one sequence
+  // after 4K tokens: 15-40% faster, BM_PagedAttentionSharedDecode/4096/1).
+  struct Unit {
+    int64_t task, kvh0, kvh1;
+  };
+  thread_local std::vector<Unit> units_storage;
+  std::vector<Unit>& units = units_storage;
+  units.clear();
+  const bool all_heads =
+      a.block_size % 16 == 0 && std::count_if(tasks.begin(), tasks.end(), [](const Task& t) {
+                                  return t.n_rows == 1;
+                                }) >= 4 * pool.size();
+  for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
+    if (tasks[t].n_rows == 1 && all_heads) {
+      units.push_back({t, 0, a.n_kv_heads});
+    } else {
+      for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1});
+    }
+  }
+  const int64_t n_units = static_cast<int64_t>(units.size());
   std::atomic<int64_t> next_unit{0};
   pool.Run([&](int, int) {
     thread_local std::vector<float> scores, kt, vf;
@@ -254,26 +276,30 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
-      const Task& task = tasks[u / a.n_kv_heads];
-      const int64_t kvh = u % a.n_kv_heads;
-      const auto [h0, h1] = heads_of(kvh);
-      if (h1 <= h0) continue;
+      const Task& task = tasks[units[u].task];
+      const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;
+      auto rec_of = [&](int64_t row, int64_t kvh) {
+        return records.data() +
+               (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) *
+                   stride;
+      };
       const int64_t j_begin = task.s * kRange;
       int64_t j_end = j_begin;
       for (int64_t i = 0; i < task.n_rows; ++i) {
         const int64_t row = rows[task.first_row + i];
         j_end = std::max(j_end, std::min(j_begin + kRange, n_keys[row]));
-        float* rec =
-            records.data() +
-            (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
-        for (int64_t g = 0; g < h1 - h0; ++g) {
-          rec[g * stride] = -std::numeric_limits<float>::infinity();
-          rec[g * stride + 1] = 0.0f;
-          std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
+        for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+          const auto [h0, h1] = heads_of(kvh);
+          float* rec = rec_of(row, kvh);
+          for (int64_t g = 0; g < h1 - h0; ++g) {
+            rec[g * stride] = -std::numeric_limits<float>::infinity();
+            rec[g * stride + 1] = 0.0f;
+            std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
+          }
         }
       }
-      const uint16_t* kbase = a.k + kvh * d * a.block_size;
-      const uint16_t* vbase = a.v + kvh * d;
+      auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
+      auto vbase_of = [&](int64_t kvh) { return a.v + kvh * d; };
       // The runs of the current chunk; each chunk's are found once, as the next chunk's while
       // its predecessor runs (for the prefetch), and then used here.
       Run* runs = runs_a;
@@ -287,13 +313,15 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
         if (j0 + kKeyChunk < j_end) {
           n_next = RunsOf(a, task.table, j0 + kKeyChunk,
                           std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
-          if (task.n_rows == 1) {
-            ForEachLine(a, kbase, vbase, next_runs, n_next,
-                        [](const void* l) { __builtin_prefetch(l); });
-          } else {
-            ForEachLine(a, kbase, vbase, next_runs, n_next, [&](const void* l) {
-              if (n_lines < kMaxLines) lines[n_lines++] = l;
-            });
+          for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+            if (task.n_rows == 1) {
+              ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next,
+                          [](const void* l) { __builtin_prefetch(l); });
+            } else {
+              ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next, [&](const void* l) {
+                if (n_lines < kMaxLines) lines[n_lines++] = l;
+              });
+            }
           }
         }
         auto prefetch = [&](int64_t i) {
@@ -301,39 +329,43 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
             __builtin_prefetch(lines[l]);
           }
         };
-        ChunkKv kv;
         const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
-        if (task.n_rows == 1 && a.block_size % 16 == 0) {
-          // One row: K read in place, 16 keys of one block per group.
-          for (int64_t c = 0; c * 16 < n_chunk; ++c) {
-            int64_t r = 0;
-            while (runs[r].off + runs[r].len <= 16 * c) ++r;
-            kgroups[c] = kbase + runs[r].k_at + (16 * c - runs[r].off);
+        for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+          const auto [h0, h1] = heads_of(kvh);
+          if (h1 <= h0) continue;
+          const uint16_t* kbase = kbase_of(kvh);
+          const uint16_t* vbase = vbase_of(kvh);
+          ChunkKv kv;
+          if (task.n_rows == 1 && a.block_size % 16 == 0) {
+            // One row: K read in place, 16 keys of one block per group.
+            for (int64_t c = 0; c * 16 < n_chunk; ++c) {
+              int64_t r = 0;
+              while (runs[r].off + runs[r].len <= 16 * c) ++r;
+              kgroups[c] = kbase + runs[r].k_at + (16 * c - runs[r].off);
+            }
+            kv.kgroups = kgroups;
+          } else {
+            StageK(a, p, kbase, runs, n_runs, kt.data());
+            kv.kt = kt.data();
           }
-          kv.kgroups = kgroups;
-        } else {
-          StageK(a, p, kbase, runs, n_runs, kt.data());
-          kv.kt = kt.data();
-        }
-        if (task.n_rows == 1) {
-          for (int64_t r = 0, j = 0; r < n_runs; ++r) {
-            for (int64_t i = 0; i < runs[r].len; ++i, ++j)
-              vrows[j] = vbase + runs[r].at + i * a.pos_stride;
+          if (task.n_rows == 1) {
+            for (int64_t r = 0, j = 0; r < n_runs; ++r) {
+              for (int64_t i = 0; i < runs[r].len; ++i, ++j)
+                vrows[j] = vbase + runs[r].at + i * a.pos_stride;
+            }
+            kv.vrows = vrows;
+          } else {
+            StageV(a, p, vbase, runs, n_runs, vf.data());
+            kv.vf = vf.data();
           }
-          kv.vrows = vrows;
-        } else {
-          StageV(a, p, vbase, runs, n_runs, vf.data());
-          kv.vf = vf.data();
-        }
-        for (int64_t i = 0; i < task.n_rows; ++i) {
-          prefetch(i);
-          const int64_t row = rows[task.first_row + i];
-          const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
-          if (n <= 0) continue;
-          float* rec =
-              records.data() +
-              (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) * stride;
-          AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(), rec);
+          for (int64_t i = 0; i < task.n_rows; ++i) {
+            prefetch(i);
+            const int64_t row = rows[task.first_row + i];
+            const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
+            if (n <= 0) continue;
+            AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
+                        rec_of(row, kvh));
+          }
         }
         std::swap(runs, next_runs);
         n_runs = n_next;
