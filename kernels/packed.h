@@ -46,7 +46,8 @@ bool PackedKernelIsFast();
 // w with its first w.rows / 16 * 16 rows also packed into `storage` (w.packed, w.packed_rows);
 // w unchanged if its type has no packed form or it has fewer than 16 rows. The plain rows stay
 // where they were (the rows past the last group, and row ranges that do not start on a group,
-// are read from them).
-WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage);
+// are read from them). With a pool, the groups are packed in parallel.
+WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage,
+                         ThreadPool* pool = nullptr);
 
 }  // namespace kvmesh::kernels

@@ -51,7 +51,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
     model::LlamaLayer& L = layers_.emplace_back(model::SliceLayer(model.layer(l), c, shard));
     if (pack) {
       for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-        *w = kernels::PackWeights(*w, owned_.emplace_back());
+        *w = kernels::PackWeights(*w, owned_.emplace_back(), &pool);
         // Fully packed: its plain pages are not read again (they would refault if they were).
         if (w->packed_rows == w->rows) {
           model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
@@ -71,7 +71,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
   }
   output_ = model::SliceOutput(model.output(), shard);
   if (pack && place.stage.last()) {
-    output_ = kernels::PackWeights(output_, owned_.emplace_back());
+    output_ = kernels::PackWeights(output_, owned_.emplace_back(), &pool);
     // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
     if (output_.packed_rows == output_.rows && model.output().data != model.tok_embd().data) {
       model.gguf().DropPages(output_.data, static_cast<size_t>(output_.rows) * output_.row_bytes);

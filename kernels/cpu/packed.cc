@@ -55,18 +55,25 @@ bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t 
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
 
-WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage) {
+WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, ThreadPool* pool) {
   WeightMatrix out = w;
   if (!PackableType(w.type) || w.rows < kPackRows) return out;
   const int64_t groups = w.rows / kPackRows, nb = w.cols / kQK;
   const int64_t gb = PackedGroupBlockBytes(w.type);
   storage.assign(static_cast<size_t>(groups * nb * gb), 0);
   const auto* base = static_cast<const uint8_t*>(w.data);
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t b = 0; b < nb; ++b) {
-      PackGroupBlock(w.type, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
-                     storage.data() + (g * nb + b) * gb);
+  auto pack = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        PackGroupBlock(w.type, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
+                       storage.data() + (g * nb + b) * gb);
+      }
     }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(groups, 4, pack);
+  } else {
+    pack(0, groups);
   }
   out.packed = storage.data();
   out.packed_rows = groups * kPackRows;

@@ -212,6 +212,13 @@ TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
     const WeightMatrix whole = PackWeights({t, copy.data(), rows, c1 - c0, run}, b);
     EXPECT_EQ(slice.packed_rows, 32);
     EXPECT_EQ(a, b) << TraitsOf(t).name;
+    // Packing in parallel (160 rows: 10 groups over 2 threads) gives the same bytes.
+    ThreadPool pool(2);
+    const auto big = RandomWeights(t, 160, cols, 78);
+    std::vector<uint8_t> serial, parallel;
+    PackWeights({t, big.data(), 160, cols, rb}, serial);
+    PackWeights({t, big.data(), 160, cols, rb}, parallel, &pool);
+    EXPECT_EQ(serial, parallel) << TraitsOf(t).name;
   }
 }
 
