@@ -16,6 +16,7 @@ namespace {
 constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
 constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * kRange, ...)
 constexpr int64_t kMaxRowsPerTask = 32;
+constexpr int64_t kMaxGroup = 64;  // query heads per KV head (checked)
 static_assert(kRange % kKeyChunk == 0);
 
 // How the work is cut, and why outputs are batch invariant:
@@ -117,26 +118,24 @@ struct ChunkKv {
   const uint16_t* const* vrows = nullptr;  // per key of the chunk: its fp16 V row
 };
 
-// One chunk of keys [0, n) for the `group` query heads q of one row: updates the records
-// [m, l, o...] (stride 2 + d).
-void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
+// One chunk of keys [0, n) for the `group` (at most kMaxGroup) query heads q of one row:
+// updates the records [m, l, o...] (stride 2 + d).
+void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
                  int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
-  thread_local std::vector<float> chunk_max;
-  chunk_max.resize(static_cast<size_t>(group));
+  float chunk_max[kMaxGroup];
   if (kv.kt != nullptr) {
-    p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max.data());
+    p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max);
   } else {
-    p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk,
-               chunk_max.data());
+    p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk, chunk_max);
   }
   for (int64_t g = 0; g < group; ++g) {
     float* r = rec + g * stride;
     float* sc = scores + g * kKeyChunk;
     const float cmax = std::max(r[0], chunk_max[g]);
-    // Rescale what was accumulated under the old max, once per chunk.
-    const float rescale = std::exp(r[0] - cmax);
+    // Rescale what was accumulated under the old max, once per chunk (exp(0) is exactly 1).
+    const float rescale = cmax == r[0] ? 1.0f : std::exp(r[0] - cmax);
     r[0] = cmax;
     r[1] = r[1] * rescale + p.exp_shifted_sum(sc, cmax, sc, n);
     if (rescale != 1.0f) {
@@ -148,6 +147,16 @@ void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
     p.pv(scores, kKeyChunk, group, d, kv.vf, n, rec + 2, stride);
   } else {
     p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
+  }
+}
+
+// AttendHeads for any number of heads, in passes of kMaxGroup (each head's arithmetic is its
+// own, so the passes change no bits).
+void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
+                 int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec) {
+  for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+    AttendHeads(a, p, q + g0 * a.head_dim, std::min(kMaxGroup, group - g0), kv, n, scores,
+                rec + g0 * (2 + a.head_dim));
   }
 }
 
@@ -278,19 +287,27 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     for (int64_t u = next_unit.fetch_add(1); u < n_units; u = next_unit.fetch_add(1)) {
       const Task& task = tasks[units[u].task];
       const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;
-      auto rec_of = [&](int64_t row, int64_t kvh) {
-        return records.data() +
-               (rec0[row] + (kvh * ((n_keys[row] + kRange - 1) / kRange) + task.s) * group) *
-                   stride;
-      };
+      // Per row of the task: its key count, and its records for this range and KV head kvh at
+      // rec_at[i] + kvh * rec_step[i] (found once per unit, not per chunk).
+      int64_t keys_of[kMaxRowsPerTask];
+      float* rec_at[kMaxRowsPerTask];
+      int64_t rec_step[kMaxRowsPerTask];
       const int64_t j_begin = task.s * kRange;
       int64_t j_end = j_begin;
+      for (int64_t i = 0; i < task.n_rows; ++i) {
+        const int64_t row = rows[task.first_row + i];
+        keys_of[i] = n_keys[row];
+        const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
+        rec_at[i] = records.data() + (rec0[row] + task.s * group) * stride;
+        rec_step[i] = ranges * group * stride;
+      }
+      auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
       for (int64_t i = 0; i < task.n_rows; ++i) {
         const int64_t row = rows[task.first_row + i];
         j_end = std::max(j_end, std::min(j_begin + kRange, n_keys[row]));
         for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
           const auto [h0, h1] = heads_of(kvh);
-          float* rec = rec_of(row, kvh);
+          float* rec = rec_of(i, kvh);
           for (int64_t g = 0; g < h1 - h0; ++g) {
             rec[g * stride] = -std::numeric_limits<float>::infinity();
             rec[g * stride + 1] = 0.0f;
@@ -361,10 +378,10 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
           for (int64_t i = 0; i < task.n_rows; ++i) {
             prefetch(i);
             const int64_t row = rows[task.first_row + i];
-            const int64_t n = std::min({kKeyChunk, n_keys[row] - j0, j_begin + kRange - j0});
+            const int64_t n = std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
             if (n <= 0) continue;
             AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
-                        rec_of(row, kvh));
+                        rec_of(i, kvh));
           }
         }
         std::swap(runs, next_runs);

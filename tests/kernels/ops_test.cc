@@ -283,7 +283,9 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
   // The decode cases with long contexts split the keys across threads and merge.
   for (const Case c : {Case{1, 9, 3, 64, 0}, Case{1, 9, 3, 64, 150}, Case{7, 4, 2, 24, 0},
                        Case{5, 6, 6, 17, 70}, Case{3, 3, 1, 8, 1}, Case{1, 9, 3, 64, 1500},
-                       Case{2, 4, 1, 16, 900}, Case{1, 2, 2, 8, 5000}}) {
+                       Case{2, 4, 1, 16, 900}, Case{1, 2, 2, 8, 5000},
+                       // More query heads per KV head than one pass takes (71, as Falcon-7B).
+                       Case{2, 71, 1, 64, 130}}) {
     const int64_t n_pos = c.pos0 + c.tokens;
     const int64_t stride = c.n_kv * c.hd;
     const auto kf = Randn(n_pos * stride, 5);
