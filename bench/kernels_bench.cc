@@ -30,26 +30,35 @@ std::vector<uint8_t> Q4_1Weights(int64_t rows, int64_t cols) {
 // args: rows, cols, tokens, threads, packed (1: the 16-row interleaved layout, kernels/packed.h)
 void BM_MatMulQ4_1(benchmark::State& st) {
   const int64_t rows = st.range(0), cols = st.range(1), tokens = st.range(2);
+  const int64_t copies = st.range(5);  // distinct matrices, taken in turn: > 1 streams from DRAM
   ThreadPool pool(static_cast<int>(st.range(3)));
-  const auto w = Q4_1Weights(rows, cols);
-  std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
-  const WeightMatrix plain{DType::kQ4_1, w.data(), rows, cols,
-                           static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
-  std::vector<uint8_t> storage;
-  const WeightMatrix wm = st.range(4) != 0 ? PackWeights(plain, storage) : plain;
-  for (auto _ : st) {
-    MatMulCpu({wm, x.data(), out.data(), tokens, rows}, pool);
-    benchmark::DoNotOptimize(out.data());
+  std::vector<std::vector<uint8_t>> w, storage(copies);
+  std::vector<WeightMatrix> wm;
+  for (int64_t c = 0; c < copies; ++c) {
+    w.push_back(Q4_1Weights(rows, cols));
+    const WeightMatrix plain{DType::kQ4_1, w.back().data(), rows, cols,
+                             static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
+    wm.push_back(st.range(4) != 0 ? PackWeights(plain, storage[c]) : plain);
   }
-  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(w.size()));
+  std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
+  int64_t i = 0;
+  for (auto _ : st) {
+    MatMulCpu({wm[i], x.data(), out.data(), tokens, rows}, pool);
+    benchmark::DoNotOptimize(out.data());
+    i = (i + 1) % copies;
+  }
+  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(w[0].size()));
   st.counters["FLOP/s"] =
       benchmark::Counter(2.0 * rows * cols * tokens * st.iterations(), benchmark::Counter::kIsRate);
   st.SetLabel(std::string(IsaName(ActiveIsa())));
 }
+// args: rows, cols, tokens, threads, packed, copies (128 copies of 1536 x 576: 71 MB, as a
+// model's layers, so the weights come from memory as in decode).
 BENCHMARK(BM_MatMulQ4_1)
-    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1}})
-    ->Args({576, 1536, 1, 2, 0})
-    ->Args({576, 1536, 1, 2, 1})
+    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1}, {1}})
+    ->Args({576, 1536, 1, 2, 0, 1})
+    ->Args({576, 1536, 1, 2, 1, 1})
+    ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1}, {128}})
     ->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
+#include "kernels/packed.h"
 
 #define KVMESH_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -366,7 +367,7 @@ KVMESH_AVX2 inline __m128i Load16(const uint8_t* p) {
 
 template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
-                            int64_t a_stride, float* out, int64_t ldo) {
+                            int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
   constexpr int64_t kGroupBlock = 16 * (kQ8 ? 34 : kMin ? 20 : 18);
   constexpr int kScales = kMin ? 64 : 32;
@@ -375,6 +376,11 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kGroupBlock;
     const uint8_t* q = blk + kScales + 16 * half;
+    if (ahead != nullptr) {
+      for (int64_t l = 0; l < kGroupBlock; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
+      }
+    }
     const BlockA16* ab[N];
     __m256i s[N];
     for (int t = 0; t < N; ++t) {
@@ -425,16 +431,21 @@ template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
                               int64_t tokens, float* out, int64_t ldo) {
   constexpr int kChunk = 4;
-  using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t);
+  using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t,
+                        const uint8_t*);
   static constexpr Tail kTail[kChunk] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>,
                                          PackedHalf<T, 3>};
+  // The first pass over the group asks for the next group's bytes (as the AVX-512 kernel).
+  const uint8_t* ahead = group + nb * PackedGroupBlockBytes(T);
   for (int half = 0; half < 2; ++half) {
     int64_t t = 0;
     for (; t + kChunk <= tokens; t += kChunk) {
-      PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+      PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
+                            half == 0 && t == 0 ? ahead : nullptr);
     }
     if (t < tokens) {
-      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo);
+      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
+                        half == 0 && t == 0 ? ahead : nullptr);
     }
   }
 }
