@@ -8,12 +8,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/median.h"
+
 namespace {
 
-double MedianUs(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2] * 1e6;
-}
+double MedianUs(const std::vector<double>& seconds) { return kvmesh::bench::Median(seconds) * 1e6; }
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "bench/median.h"
 #include "bench/membw.h"
 #include "kernels/isa.h"
 #include "kernels/thread_pool.h"
@@ -76,7 +77,7 @@ double WeightBytesPerToken(const model::LlamaModel& m) {
 void Summarise(BenchResult& r) {
   std::vector<double> s = r.samples_ts;
   std::sort(s.begin(), s.end());
-  r.median_ts = s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
+  r.median_ts = Median(s);
   r.mean_ts = std::accumulate(s.begin(), s.end(), 0.0) / s.size();
   double var = 0;
   for (double x : s) var += (x - r.mean_ts) * (x - r.mean_ts);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/median.h"
 #include "coordinator/flags.h"
 #include "coordinator/launch.h"
 #include "serving/serving_engine.h"
@@ -258,13 +259,9 @@ int Main(int argc, char** argv) {
         rates[n].push_back(*rate);
       }
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-    };
-    const double single = rates.count(1) ? median(rates[1]) : 0;
+    const double single = rates.count(1) ? bench::Median(rates[1]) : 0;
     for (int n : conc) {
-      const double m = median(rates[n]);
+      const double m = bench::Median(rates[n]);
       const auto [lo, hi] = std::minmax_element(rates[n].begin(), rates[n].end());
       if (!as_json) {
         std::printf(
