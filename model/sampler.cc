@@ -28,8 +28,8 @@ absl::Status SamplingParams::Validate() const {
 namespace {
 
 // The first index of the largest logit (as std::max_element), in two passes the compiler turns
-// into vector code: the maximum over 16 lanes, then the first position holding it. Logits have
-// no NaN (the forward pass checks its inputs; a NaN logit compares false and is never chosen).
+// into vector code: the maximum over 16 lanes, then the first position holding it. A NaN logit
+// compares false and is never chosen (std::max_element's choice would depend on its position).
 int32_t ArgMax(std::span<const float> x) {
   constexpr size_t kLanes = 16;
   float lanes[kLanes];

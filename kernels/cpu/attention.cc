@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
 constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * kRange, ...)
 constexpr int64_t kMaxRowsPerTask = 32;
-constexpr int64_t kMaxGroup = 64;  // query heads per KV head (checked)
+constexpr int64_t kMaxGroup = 64;  // query heads per AttendHeads pass (AttendChunk loops)
 static_assert(kRange % kKeyChunk == 0);
 
 // How the work is cut, and why outputs are batch invariant:
@@ -295,17 +295,14 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       int64_t rec_step[kMaxRowsPerTask];
       const int64_t j_begin = task.s * kRange;
       int64_t j_end = j_begin;
+      auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
       for (int64_t i = 0; i < task.n_rows; ++i) {
         const int64_t row = rows[task.first_row + i];
         keys_of[i] = n_keys[row];
         const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
         rec_at[i] = records.data() + (rec0[row] + task.s * group) * stride;
         rec_step[i] = ranges * group * stride;
-      }
-      auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
-      for (int64_t i = 0; i < task.n_rows; ++i) {
-        const int64_t row = rows[task.first_row + i];
-        j_end = std::max(j_end, std::min(j_begin + kRange, n_keys[row]));
+        j_end = std::max(j_end, std::min(j_begin + kRange, keys_of[i]));
         for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
           const auto [h0, h1] = heads_of(kvh);
           float* rec = rec_of(i, kvh);

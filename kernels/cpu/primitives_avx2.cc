@@ -369,7 +369,7 @@ template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
                             int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
-  constexpr int64_t kGroupBlock = 16 * (kQ8 ? 34 : kMin ? 20 : 18);
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
   __m256 acc[N], mins[N];
   for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();

@@ -204,7 +204,7 @@ template <DType T, int N>
 KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16* a,
                                 int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
-  constexpr int64_t kGroupBlock = 16 * (kQ8 ? 34 : kMin ? 20 : 18);
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
   constexpr int P = N >= 4 ? 1 : (N >= 2 ? 2 : 4);
   __m512 acc[N], mins[N];
