@@ -92,8 +92,10 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
   if (a.w.packed != nullptr && r0 % kPackRows == 0 && r1 - r0 == kPackRows &&
       r1 <= a.w.packed_rows) {
     const int64_t nb = a.w.cols / kQK;
-    const uint8_t* group = a.w.packed + r0 / kPackRows * nb * PackedGroupBlockBytes(a.w.type);
-    return d.packed_tile(a.w.type, group, nb, xq, nb, a.tokens, a.out + r0, a.ldo);
+    const int64_t group_bytes = nb * PackedGroupBlockBytes(a.w.type);
+    const uint8_t* group = a.w.packed + r0 / kPackRows * group_bytes;
+    const uint8_t* next = r1 + kPackRows <= a.w.packed_rows ? group + group_bytes : nullptr;
+    return d.packed_tile(a.w.type, group, nb, xq, nb, a.tokens, a.out + r0, a.ldo, next);
   }
   switch (a.w.type) {
     case DType::kQ4_1:

@@ -83,7 +83,8 @@ WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, T
 namespace cpu {
 
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                         const uint8_t* /*next_group*/) {
   const int64_t gb = PackedGroupBlockBytes(type);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int r = 0; r < kPackRows; ++r) {

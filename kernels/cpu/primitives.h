@@ -29,9 +29,11 @@ struct Primitives {
   // tokens: out[t * ldo + r] for r < 16, token t's nb blocks at a + t * a_stride. Per row and
   // token, in block order: s = the block's exact int32 dot product (Q4_0 weights minus 8),
   // acc = fma(float(s) * a.d, w.d, acc), and for Q4_1 mins = fma(w.m, a.d * float(a.sum), mins);
-  // the result is acc + mins. Every table's entry gives the same bits.
+  // the result is acc + mins. Every table's entry gives the same bits. next_group: the group
+  // the caller takes next, whose bytes a kernel may ask for while it computes (null: none).
   using PackedTile = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
+                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                              const uint8_t* next_group);
   PackedTile packed_tile = nullptr;
   // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
@@ -83,23 +85,26 @@ constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
 
 // PackedTile in plain C++ (the scalar table's entry; the reference for the vector kernels).
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
+                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                         const uint8_t* next_group = nullptr);
 
 // A PackedTile entry from one kernel per packed type (the reference for any other type).
 using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,
-                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo);
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                const uint8_t* next_group);
 template <PackedTypeTile Q4_0, PackedTypeTile Q4_1, PackedTypeTile Q8_0>
 void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                       int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+                       int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                       const uint8_t* next_group) {
   switch (type) {
     case DType::kQ4_0:
-      return Q4_0(group, nb, a, a_stride, tokens, out, ldo);
+      return Q4_0(group, nb, a, a_stride, tokens, out, ldo, next_group);
     case DType::kQ4_1:
-      return Q4_1(group, nb, a, a_stride, tokens, out, ldo);
+      return Q4_1(group, nb, a, a_stride, tokens, out, ldo, next_group);
     case DType::kQ8_0:
-      return Q8_0(group, nb, a, a_stride, tokens, out, ldo);
+      return Q8_0(group, nb, a, a_stride, tokens, out, ldo, next_group);
     default:
-      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo);
+      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   }
 }
 

@@ -429,23 +429,22 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
 
 template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
-                              int64_t tokens, float* out, int64_t ldo) {
+                              int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
   constexpr int kChunk = 4;
   using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t,
                         const uint8_t*);
   static constexpr Tail kTail[kChunk] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>,
                                          PackedHalf<T, 3>};
   // The first pass over the group asks for the next group's bytes (as the AVX-512 kernel).
-  const uint8_t* ahead = group + nb * PackedGroupBlockBytes(T);
   for (int half = 0; half < 2; ++half) {
     int64_t t = 0;
     for (; t + kChunk <= tokens; t += kChunk) {
       PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                            half == 0 && t == 0 ? ahead : nullptr);
+                            half == 0 && t == 0 ? next_group : nullptr);
     }
     if (t < tokens) {
       kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                        half == 0 && t == 0 ? ahead : nullptr);
+                        half == 0 && t == 0 ? next_group : nullptr);
     }
   }
 }

@@ -271,16 +271,16 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
 
 template <DType T>
 KVMESH_AVX512 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a,
-                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                const uint8_t* next_group) {
   constexpr int kChunk = 8;
   // The first pass over the group asks for the next group's bytes, block by block (the weights
   // stream from memory; at 16 tokens the hardware prefetcher alone leaves the kernel waiting:
   // BM_MatMulQ4_1/1536/576/16/2/1/128 against /1).
-  const uint8_t* ahead = group + nb * PackedGroupBlockBytes(T);
   int64_t t = 0;
   for (; t + kChunk <= tokens; t += kChunk) {
     PackedTokens<T, kChunk>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                            t == 0 ? ahead : nullptr);
+                            t == 0 ? next_group : nullptr);
   }
   using Tail =
       void (*)(const uint8_t*, int64_t, const BlockA16*, int64_t, float*, int64_t, const uint8_t*);
@@ -294,7 +294,7 @@ KVMESH_AVX512 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16
                                          PackedTokens<T, 7>};
   if (t < tokens) {
     kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                      t == 0 ? ahead : nullptr);
+                      t == 0 ? next_group : nullptr);
   }
 }
 
