@@ -15,29 +15,36 @@
 namespace kvmesh::kernels {
 namespace {
 
-std::vector<uint8_t> Q4_1Weights(int64_t rows, int64_t cols) {
+// Random quants with fixed scales (and Q4_1 minimums).
+std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
   std::mt19937 rng(1);
-  std::vector<uint8_t> w(rows * RowBytes(DType::kQ4_1, cols));
+  std::vector<uint8_t> w(rows * RowBytes(t, cols));
   for (auto& b : w) b = static_cast<uint8_t>(rng());
-  auto* blk = reinterpret_cast<BlockQ4_1*>(w.data());
-  for (size_t i = 0; i < w.size() / sizeof(BlockQ4_1); ++i) {
-    blk[i].d = FloatToFp16(0.01f);
-    blk[i].m = FloatToFp16(-0.08f);
+  if (t == DType::kQ4_1) {
+    auto* blk = reinterpret_cast<BlockQ4_1*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ4_1); ++i) {
+      blk[i].d = FloatToFp16(0.01f);
+      blk[i].m = FloatToFp16(-0.08f);
+    }
+  } else {  // Q8_0
+    auto* blk = reinterpret_cast<BlockQ8_0*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ8_0); ++i) blk[i].d = FloatToFp16(0.01f);
   }
   return w;
 }
 
 // args: rows, cols, tokens, threads, packed (1: the 16-row interleaved layout, kernels/packed.h)
-void BM_MatMulQ4_1(benchmark::State& st) {
+template <DType T>
+void BM_MatMul(benchmark::State& st) {
   const int64_t rows = st.range(0), cols = st.range(1), tokens = st.range(2);
   const int64_t copies = st.range(5);  // distinct matrices, taken in turn: > 1 streams from DRAM
   ThreadPool pool(static_cast<int>(st.range(3)));
   std::vector<std::vector<uint8_t>> w, storage(copies);
   std::vector<WeightMatrix> wm;
   for (int64_t c = 0; c < copies; ++c) {
-    w.push_back(Q4_1Weights(rows, cols));
-    const WeightMatrix plain{DType::kQ4_1, w.back().data(), rows, cols,
-                             static_cast<size_t>(RowBytes(DType::kQ4_1, cols))};
+    w.push_back(RandomWeights(T, rows, cols));
+    const WeightMatrix plain{T, w.back().data(), rows, cols,
+                             static_cast<size_t>(RowBytes(T, cols))};
     wm.push_back(st.range(4) != 0 ? PackWeights(plain, storage[c]) : plain);
   }
   std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
@@ -52,6 +59,8 @@ void BM_MatMulQ4_1(benchmark::State& st) {
       benchmark::Counter(2.0 * rows * cols * tokens * st.iterations(), benchmark::Counter::kIsRate);
   st.SetLabel(std::string(IsaName(ActiveIsa())));
 }
+void BM_MatMulQ4_1(benchmark::State& st) { BM_MatMul<DType::kQ4_1>(st); }
+void BM_MatMulQ8_0(benchmark::State& st) { BM_MatMul<DType::kQ8_0>(st); }
 // args: rows, cols, tokens, threads, packed, copies (128 copies of 1536 x 576: 71 MB, as a
 // model's layers, so the weights come from memory as in decode).
 BENCHMARK(BM_MatMulQ4_1)
@@ -60,6 +69,8 @@ BENCHMARK(BM_MatMulQ4_1)
     ->Args({576, 1536, 1, 2, 1, 1})
     ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1}, {128}})
     ->UseRealTime();
+// The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.
+BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.
 void BM_AttentionDecode(benchmark::State& st) {

@@ -55,6 +55,7 @@ struct BlockQ8_0 {
 struct BlockA16 {
   float d;      // scale: x ~= d * qs[j]
   int32_t sum;  // sum of qs, for the weight formats with an offset (Q4_0's -8, Q4_1's m)
+  float dsum;   // d * float(sum), computed once here rather than per weight row group
   int16_t qs[kQK];
 };
 struct BlockQ4_K {
@@ -71,7 +72,7 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
-static_assert(sizeof(BlockA16) == 72);
+static_assert(sizeof(BlockA16) == 76);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
 

@@ -102,7 +102,7 @@ void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const Blo
         if (type == DType::kQ4_1) {
           uint16_t m;
           std::memcpy(&m, blk + 32 + 2 * r, 2);
-          mins = std::fma(Fp16ToFloat(m), ab.d * static_cast<float>(ab.sum), mins);
+          mins = std::fma(Fp16ToFloat(m), ab.dsum, mins);
         }
       }
       out[t * ldo + r] = type == DType::kQ4_1 ? acc + mins : acc;

@@ -201,6 +201,7 @@ KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     y[b].d = d;
     y[b].sum = _mm_cvtsi128_si32(s);
+    y[b].dsum = d * static_cast<float>(y[b].sum);
   }
 }
 
@@ -417,8 +418,7 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
     if constexpr (kMin) {
       const __m256 m = _mm256_cvtph_ps(Load16(blk + 32 + 16 * half));
       for (int t = 0; t < N; ++t) {
-        mins[t] =
-            _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->d * static_cast<float>(ab[t]->sum)), mins[t]);
+        mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->dsum), mins[t]);
       }
     }
   }

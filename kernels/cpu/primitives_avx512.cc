@@ -55,7 +55,7 @@ KVMESH_AVX512 float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb
     const __m512i s =
         _mm512_dpwssd_epi32(_mm512_setzero_si512(), Nibbles32x16(x[i].qs), LoadA(y[i].qs));
     acc = AccumulateBlock(s, y[i].d, H2F(x[i].d), acc);
-    mins = std::fma(H2F(x[i].m), y[i].d * static_cast<float>(y[i].sum), mins);
+    mins = std::fma(H2F(x[i].m), y[i].dsum, mins);
   }
   return _mm512_reduce_add_ps(acc) + mins;
 }
@@ -171,7 +171,7 @@ KVMESH_AVX512 void Tile4x4(const uint8_t* w, size_t w_stride, const BlockA16* a,
       const BlockA16& ab = a[t * a_stride + b];
       const __m512i av = _mm512_loadu_si512(ab.qs);
       const __m512 da = _mm512_set1_ps(ab.d);
-      if constexpr (kHasMin) asum[t] = ab.d * static_cast<float>(ab.sum);
+      if constexpr (kHasMin) asum[t] = ab.dsum;
       for (int r = 0; r < 4; ++r) {
         const __m512 p = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), wv[r], av));
         acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(p, da), dw[r], acc[r][t]);
@@ -224,6 +224,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
       for (int c = 0; c < P; ++c) s[t][c] = _mm512_setzero_si512();
     }
     if constexpr (kQ8) {
+#pragma GCC unroll 16
       for (int k = 0; k < 16; ++k) {
         const __m512i w =
             _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)));
@@ -231,6 +232,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
           s[t][k % P] = _mm512_dpwssd_epi32(s[t][k % P], w, Broadcast32(ab[t]->qs + 2 * k));
       }
     } else {
+#pragma GCC unroll 8
       for (int p = 0; p < 8; ++p) {
         const __m512i v =
             _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p)));
@@ -259,8 +261,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
       const __m512 m =
           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
       for (int t = 0; t < N; ++t) {
-        mins[t] =
-            _mm512_fmadd_ps(m, _mm512_set1_ps(ab[t]->d * static_cast<float>(ab[t]->sum)), mins[t]);
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[t]->dsum), mins[t]);
       }
     }
   }

@@ -157,6 +157,7 @@ void QuantizeRowA16(const float* x, BlockA16* y, int64_t n) {
       sum += y[i].qs[j];
     }
     y[i].sum = sum;
+    y[i].dsum = d * static_cast<float>(sum);
   }
 }
 
