@@ -333,7 +333,12 @@ KVMESH_AVX2 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n
 
 KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                     float* o, int64_t os) {
-  if (d == 64 && G <= 4) return PvRows(p, ps, G, F32Rows{v}, n, o, os);
+  if (d == 64) {  // heads in passes of 4 (each head's sums are its own: same bits for any G)
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+      PvRows(p + g0 * ps, ps, std::min<int64_t>(4, G - g0), F32Rows{v}, n, o + g0 * os, os);
+    }
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t g = 0; g < G; ++g) {
       for (int64_t i = 0; i < d; ++i)
@@ -344,7 +349,12 @@ KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const floa
 
 KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                        const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
-  if (d == 64 && G <= 4) return PvRows(p, ps, G, F16Rows{rows}, n, o, os);
+  if (d == 64) {
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+      PvRows(p + g0 * ps, ps, std::min<int64_t>(4, G - g0), F16Rows{rows}, n, o + g0 * os, os);
+    }
+    return;
+  }
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(d));
   for (int64_t j = 0; j < n; ++j) {

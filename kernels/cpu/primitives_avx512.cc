@@ -530,16 +530,21 @@ KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t
   }
 }
 
+// Heads in passes of kMaxG (each head's sums are its own: same bits for any G).
 KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                       float* o, int64_t os) {
-  if (d != 64 || G > kMaxG) return GenericPv(p, ps, G, d, v, n, o, os);
-  PvRows(p, ps, G, F32Rows{v, 64}, n, o, os);
+  if (d != 64) return GenericPv(p, ps, G, d, v, n, o, os);
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
+    PvRows(p + g0 * ps, ps, std::min(kMaxG, G - g0), F32Rows{v, 64}, n, o + g0 * os, os);
+  }
 }
 
 KVMESH_AVX512 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                          const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
-  if (d != 64 || G > kMaxG) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os);
-  PvRows(p, ps, G, F16Rows{rows}, n, o, os);
+  if (d != 64) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os);
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
+    PvRows(p + g0 * ps, ps, std::min(kMaxG, G - g0), F16Rows{rows}, n, o + g0 * os, os);
+  }
 }
 
 KVMESH_AVX512 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
