@@ -11,8 +11,18 @@ void RmsNormCpu(const RmsNormArgs& a) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const float* x = a.x + r * a.cols;
     float* o = a.out + r * a.cols;
-    double ss = 0.0;  // double: the mean of squares of 576+ values loses bits in fp32
-    for (int64_t c = 0; c < a.cols; ++c) ss += static_cast<double>(x[c]) * x[c];
+    // double: the mean of squares of 576+ values loses bits in fp32. Eight partial sums, joined
+    // in a fixed order (a row's result depends on nothing but the row), so that the adds do
+    // not wait on each other: one chain of 576 dependent adds cost 1.4% of a 16-sequence
+    // decode step.
+    double part[8] = {};
+    int64_t c = 0;
+    for (; c + 8 <= a.cols; c += 8) {
+      for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(x[c + k]) * x[c + k];
+    }
+    double ss =
+        ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    for (; c < a.cols; ++c) ss += static_cast<double>(x[c]) * x[c];
     const float scale = 1.0f / std::sqrt(static_cast<float>(ss / a.cols) + a.eps);
     for (int64_t c = 0; c < a.cols; ++c) o[c] = x[c] * scale * a.w[c];
   }
