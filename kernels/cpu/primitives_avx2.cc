@@ -316,29 +316,31 @@ KVMESH_AVX2 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o
   }
 }
 
+// Any number of heads, in passes of 4 (each head's sums are its own: same bits for any G).
 template <typename Rows>
 KVMESH_AVX2 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                         int64_t os) {
-  switch (G) {
-    case 1:
-      return PvRowsG<1, 8>(p, ps, v, n, o, os);
-    case 2:
-      return PvRowsG<2, 4>(p, ps, v, n, o, os);
-    case 3:
-      return PvRowsG<3, 4>(p, ps, v, n, o, os);
-    default:
-      return PvRowsG<4, 2>(p, ps, v, n, o, os);
+  for (int64_t g0 = 0; g0 < G; g0 += 4, p += 4 * ps, o += 4 * os) {
+    switch (std::min<int64_t>(4, G - g0)) {
+      case 1:
+        PvRowsG<1, 8>(p, ps, v, n, o, os);
+        break;
+      case 2:
+        PvRowsG<2, 4>(p, ps, v, n, o, os);
+        break;
+      case 3:
+        PvRowsG<3, 4>(p, ps, v, n, o, os);
+        break;
+      default:
+        PvRowsG<4, 2>(p, ps, v, n, o, os);
+        break;
+    }
   }
 }
 
 KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                     float* o, int64_t os) {
-  if (d == 64) {  // heads in passes of 4 (each head's sums are its own: same bits for any G)
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-      PvRows(p + g0 * ps, ps, std::min<int64_t>(4, G - g0), F32Rows{v}, n, o + g0 * os, os);
-    }
-    return;
-  }
+  if (d == 64) return PvRows(p, ps, G, F32Rows{v}, n, o, os);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t g = 0; g < G; ++g) {
       for (int64_t i = 0; i < d; ++i)
@@ -349,12 +351,7 @@ KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const floa
 
 KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                        const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
-  if (d == 64) {
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-      PvRows(p + g0 * ps, ps, std::min<int64_t>(4, G - g0), F16Rows{rows}, n, o + g0 * os, os);
-    }
-    return;
-  }
+  if (d == 64) return PvRows(p, ps, G, F16Rows{rows}, n, o, os);
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(d));
   for (int64_t j = 0; j < n; ++j) {

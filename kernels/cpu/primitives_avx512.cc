@@ -515,36 +515,38 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float*
   }
 }
 
+// Any number of heads, in passes of kMaxG (each head's sums are its own: same bits for any G).
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                           int64_t os) {
-  switch (G) {
-    case 1:
-      return PvRowsG<1>(p, ps, v, n, o, os);
-    case 2:
-      return PvRowsG<2>(p, ps, v, n, o, os);
-    case 3:
-      return PvRowsG<3>(p, ps, v, n, o, os);
-    default:
-      return PvRowsG<4>(p, ps, v, n, o, os);
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
+    switch (std::min(kMaxG, G - g0)) {
+      case 1:
+        PvRowsG<1>(p, ps, v, n, o, os);
+        break;
+      case 2:
+        PvRowsG<2>(p, ps, v, n, o, os);
+        break;
+      case 3:
+        PvRowsG<3>(p, ps, v, n, o, os);
+        break;
+      default:
+        PvRowsG<4>(p, ps, v, n, o, os);
+        break;
+    }
   }
 }
 
-// Heads in passes of kMaxG (each head's sums are its own: same bits for any G).
 KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                       float* o, int64_t os) {
   if (d != 64) return GenericPv(p, ps, G, d, v, n, o, os);
-  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
-    PvRows(p + g0 * ps, ps, std::min(kMaxG, G - g0), F32Rows{v, 64}, n, o + g0 * os, os);
-  }
+  PvRows(p, ps, G, F32Rows{v, 64}, n, o, os);
 }
 
 KVMESH_AVX512 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                          const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
   if (d != 64) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os);
-  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
-    PvRows(p + g0 * ps, ps, std::min(kMaxG, G - g0), F16Rows{rows}, n, o + g0 * os, os);
-  }
+  PvRows(p, ps, G, F16Rows{rows}, n, o, os);
 }
 
 KVMESH_AVX512 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {

@@ -443,6 +443,7 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     for (int64_t b = 0; b < n / kQK; ++b) {
       ASSERT_EQ(q[b].d, q_ref[b].d);
       ASSERT_EQ(q[b].sum, q_ref[b].sum);
+      ASSERT_EQ(q[b].dsum, q_ref[b].dsum);
       for (int j = 0; j < kQK; ++j) ASSERT_EQ(q[b].qs[j], q_ref[b].qs[j]) << b << " " << j;
     }
   }
@@ -451,6 +452,7 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   p.quantize_a16(zeros.data(), zero.data(), 64);
   EXPECT_EQ(zero[1].d, 0.0f);
   EXPECT_EQ(zero[1].sum, 0);
+  EXPECT_EQ(zero[1].dsum, 0.0f);
   for (int64_t n : {1, 7, 8, 37, 64}) {
     std::vector<float> x(n), y(n), g = Randn(n, 3, 3.0f), u = Randn(n, 4), s(n);
     for (int64_t i = 0; i < n; ++i) x[i] = -80.0f + 160.0f * i / std::max<int64_t>(1, n - 1);
