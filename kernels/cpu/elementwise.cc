@@ -30,14 +30,21 @@ void RmsNormCpu(const RmsNormArgs& a) {
 
 void RopeTableCpu(const int32_t* pos, int64_t tokens, int64_t rot_dim, float theta_base,
                   float* cs) {
-  // theta_i = pos * base^(-2i/rot_dim), computed per pair.
+  // theta_i = pos * base^(-2i/rot_dim), in double: at position 8191 one float ulp of the
+  // frequency moves the angle by ~5e-4 rad, so a float angle is off in the 4th digit. In double
+  // the table is cos/sin of the exact angle rounded once to float, the same on every backend
+  // (kernels/cuda/rope.cu). Once per step, so its cost does not matter.
+  std::vector<double> freq(static_cast<size_t>(rot_dim / 2));
+  for (int64_t i = 0; i < rot_dim / 2; ++i) {
+    freq[i] = std::pow(static_cast<double>(theta_base), -2.0 * static_cast<double>(i) / rot_dim);
+  }
   for (int64_t t = 0; t < tokens; ++t) {
-    const float p = static_cast<float>(pos[t]);
+    const double p = pos[t];
     float* c = cs + t * rot_dim;
     for (int64_t i = 0; i < rot_dim / 2; ++i) {
-      const float theta = p * std::pow(theta_base, -2.0f * static_cast<float>(i) / rot_dim);
-      c[2 * i] = std::cos(theta);
-      c[2 * i + 1] = std::sin(theta);
+      const double theta = p * freq[i];
+      c[2 * i] = static_cast<float>(std::cos(theta));
+      c[2 * i + 1] = static_cast<float>(std::sin(theta));
     }
   }
 }

@@ -12,10 +12,12 @@ __global__ void RopeKernel(float* __restrict__ x, const int32_t* __restrict__ po
   const int64_t i = idx % half;
   const int64_t th = idx / half;  // token * heads + head
   const int64_t t = th / heads;
-  const float theta =
-      static_cast<float>(pos[t]) * powf(theta_base, -2.0f * static_cast<float>(i) / rot_dim);
-  float s, c;
-  sincosf(theta, &s, &c);
+  // The angle in double, as RopeTableCpu: a float angle is off by ~5e-4 rad at position 8191.
+  const double theta = static_cast<double>(pos[t]) * pow(static_cast<double>(theta_base),
+                                                         -2.0 * static_cast<double>(i) / rot_dim);
+  double sd, cd;
+  sincos(theta, &sd, &cd);
+  const float s = static_cast<float>(sd), c = static_cast<float>(cd);
   float* p = x + th * head_dim + 2 * i;
   const float x0 = p[0], x1 = p[1];
   p[0] = x0 * c - x1 * s;

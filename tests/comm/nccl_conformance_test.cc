@@ -27,6 +27,11 @@ class Nccl : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (" << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
                    << "): the NCCL backend is compiled but can only run where a GPU is present";
     }
+    if (n < g_mpi->world_size()) {
+      // NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected").
+      GTEST_SKIP() << g_mpi->world_size() << " ranks but " << n
+                   << " CUDA device(s): NCCL needs one GPU per rank";
+    }
     bootstrap_ = *CreateMpiCommunicator(0, g_mpi->world_rank());
     auto c = CreateNcclCommunicator(*bootstrap_, g_mpi->world_rank() % n);
     ASSERT_TRUE(c.ok()) << c.status();
