@@ -129,7 +129,54 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_PagedAttentionSharedDecode)
     ->ArgsProduct({{1024, 4096}, {1, 16}, {2}, {16, 100}})
+    ->Args({0, 16, 1, 100})  // each sequence's own keys alone: 16 one-row units of 100 keys
+    ->Args({0, 16, 2, 100})
+    ->Args({1024, 16, 2, 0})  // the shared part alone
     ->UseRealTime();
+
+// What one core can read of the same bytes: the K and V of one layer of 16 sequences' 7 own
+// blocks (BM_PagedAttentionSharedDecode/0/16/1/100's data, same layout and block order), read
+// chunk by chunk in the order attention reads them (each KV head's K of 4 blocks, then its V
+// rows), with nothing else to do. The ceiling for attention over keys that come from memory.
+void BM_KvLayerRead(benchmark::State& st) {
+  const int64_t seqs = 16, blocks = 7, KV = 3, hd = 64, bs = 16, layers = 30;
+  const int64_t half = KV * hd * bs, block_stride = layers * 2 * half;
+  std::vector<uint16_t> cache(seqs * blocks * block_stride, 1);
+  int64_t layer = 0;
+  uint64_t acc = 0;  // one load per 64-byte line
+  auto add = [&](const uint16_t* p) {
+    uint64_t x;
+    std::memcpy(&x, p, sizeof x);
+    acc += x;
+  };
+  for (auto _ : st) {
+    for (int64_t s = 0; s < seqs; ++s) {
+      for (int64_t b0 = 0; b0 < blocks; b0 += 4) {
+        const int64_t nb = std::min<int64_t>(4, blocks - b0);
+        for (int64_t h = 0; h < KV; ++h) {
+          for (int64_t i = 0; i < hd * bs; i += 32) {  // K: [head][dim][16 positions]
+            for (int64_t c = 0; c < nb; ++c) {
+              add(cache.data() + ((s * blocks + b0 + c) * layers + layer) * 2 * half + h * hd * bs +
+                  i);
+            }
+          }
+          for (int64_t c = 0; c < nb; ++c) {  // V: [16 positions][heads][dim]
+            const uint16_t* v =
+                cache.data() + ((s * blocks + b0 + c) * layers + layer) * 2 * half + half;
+            for (int64_t r = 0; r < bs; ++r) {
+              add(v + r * KV * hd + h * hd);
+              add(v + r * KV * hd + h * hd + 32);
+            }
+          }
+        }
+      }
+    }
+    benchmark::DoNotOptimize(acc);
+    layer = (layer + 1) % layers;
+  }
+  st.SetBytesProcessed(st.iterations() * seqs * blocks * 2 * half * 2);
+}
+BENCHMARK(BM_KvLayerRead)->UseRealTime();
 
 }  // namespace
 }  // namespace kvmesh::kernels
