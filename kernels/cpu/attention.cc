@@ -327,137 +327,134 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
     thread_local std::vector<const void*> side;  // lines of the item's one-row units
-    for (int64_t k = next_item.fetch_add(1), q = 0; k < n_items;) {
-      if (q == 0) q = item[k];
-      const int64_t u = seq[q];
-      side.clear();
-      if (q == item[k] && item[k + 1] - q > 1) {
-        for (int64_t f = q + 1; f < item[k + 1]; ++f) {
-          const Unit& lu = units[seq[f]];
-          const Task& lt = tasks[lu.task];
-          const int64_t jb = lt.s * kRange;
-          const int64_t je = std::min(jb + kRange, n_keys[rows[lt.first_row]]);
-          for (int64_t j0 = jb; j0 < je; j0 += kKeyChunk) {
-            Run sr[kKeyChunk + 1];
-            const int64_t ns = RunsOf(a, lt.table, j0, std::min(kKeyChunk, je - j0), sr);
-            for (int64_t kvh = lu.kvh0; kvh < lu.kvh1; ++kvh) {
-              ForEachLine(a, a.k + kvh * d * a.block_size, a.v + kvh * d, sr, ns,
-                          [&](const void* l) { side.push_back(l); });
+    for (int64_t k = next_item.fetch_add(1); k < n_items; k = next_item.fetch_add(1)) {
+      for (int64_t q = item[k]; q < item[k + 1]; ++q) {
+        const int64_t u = seq[q];
+        side.clear();
+        if (q == item[k]) {
+          for (int64_t f = q + 1; f < item[k + 1]; ++f) {
+            const Unit& lu = units[seq[f]];
+            const Task& lt = tasks[lu.task];
+            const int64_t jb = lt.s * kRange;
+            const int64_t je = std::min(jb + kRange, n_keys[rows[lt.first_row]]);
+            for (int64_t j0 = jb; j0 < je; j0 += kKeyChunk) {
+              Run sr[kKeyChunk + 1];
+              const int64_t ns = RunsOf(a, lt.table, j0, std::min(kKeyChunk, je - j0), sr);
+              for (int64_t kvh = lu.kvh0; kvh < lu.kvh1; ++kvh) {
+                ForEachLine(a, a.k + kvh * d * a.block_size, a.v + kvh * d, sr, ns,
+                            [&](const void* l) { side.push_back(l); });
+              }
             }
           }
         }
-      }
-      if (++q == item[k + 1]) {
-        k = next_item.fetch_add(1);
-        q = 0;
-      }
-      const Task& task = tasks[units[u].task];
-      const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;
-      // Per row of the task: its key count, and its records for this range and KV head kvh at
-      // rec_at[i] + kvh * rec_step[i] (found once per unit, not per chunk).
-      int64_t keys_of[kMaxRowsPerTask];
-      float* rec_at[kMaxRowsPerTask];
-      int64_t rec_step[kMaxRowsPerTask];
-      const int64_t j_begin = task.s * kRange;
-      int64_t j_end = j_begin;
-      auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
-      for (int64_t i = 0; i < task.n_rows; ++i) {
-        const int64_t row = rows[task.first_row + i];
-        keys_of[i] = n_keys[row];
-        const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
-        rec_at[i] = records.data() + (rec0[row] + task.s * group) * stride;
-        rec_step[i] = ranges * group * stride;
-        j_end = std::max(j_end, std::min(j_begin + kRange, keys_of[i]));
-        for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
-          const auto [h0, h1] = heads_of(kvh);
-          float* rec = rec_of(i, kvh);
-          for (int64_t g = 0; g < h1 - h0; ++g) {
-            rec[g * stride] = -std::numeric_limits<float>::infinity();
-            rec[g * stride + 1] = 0.0f;
-            std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
-          }
-        }
-      }
-      auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
-      auto vbase_of = [&](int64_t kvh) { return a.v + kvh * d; };
-      // The runs of the current chunk; each chunk's are found once, as the next chunk's while
-      // its predecessor runs (for the prefetch), and then used here.
-      // The side lines, spread evenly over the unit's row passes.
-      const int64_t passes =
-          (j_end - j_begin + kKeyChunk - 1) / kKeyChunk * (kvh1 - kvh0) * task.n_rows;
-      const int64_t side_per_pass =
-          passes > 0 ? (static_cast<int64_t>(side.size()) + passes - 1) / passes : 0;
-      size_t side_at = 0;
-      Run* runs = runs_a;
-      Run* next_runs = runs_b;
-      int64_t n_runs = RunsOf(a, task.table, j_begin, std::min(kKeyChunk, j_end - j_begin), runs);
-      for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
-        // The next chunk's lines: a lone row asks for them at once; a task of several rows
-        // spreads them over its rows (a burst of misses stalls on the core's miss buffers, and
-        // listing them first costs more than a lone row's chunk can hide).
-        int64_t n_lines = 0, n_next = 0;
-        if (j0 + kKeyChunk < j_end) {
-          n_next = RunsOf(a, task.table, j0 + kKeyChunk,
-                          std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
+        const Task& task = tasks[units[u].task];
+        const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;
+        // Per row of the task: its key count, and its records for this range and KV head kvh at
+        // rec_at[i] + kvh * rec_step[i] (found once per unit, not per chunk).
+        int64_t keys_of[kMaxRowsPerTask];
+        float* rec_at[kMaxRowsPerTask];
+        int64_t rec_step[kMaxRowsPerTask];
+        const int64_t j_begin = task.s * kRange;
+        int64_t j_end = j_begin;
+        auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
+        for (int64_t i = 0; i < task.n_rows; ++i) {
+          const int64_t row = rows[task.first_row + i];
+          keys_of[i] = n_keys[row];
+          const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
+          rec_at[i] = records.data() + (rec0[row] + task.s * group) * stride;
+          rec_step[i] = ranges * group * stride;
+          j_end = std::max(j_end, std::min(j_begin + kRange, keys_of[i]));
           for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
-            if (task.n_rows == 1) {
-              ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next,
-                          [](const void* l) { __builtin_prefetch(l); });
+            const auto [h0, h1] = heads_of(kvh);
+            float* rec = rec_of(i, kvh);
+            for (int64_t g = 0; g < h1 - h0; ++g) {
+              rec[g * stride] = -std::numeric_limits<float>::infinity();
+              rec[g * stride + 1] = 0.0f;
+              std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
+            }
+          }
+        }
+        auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
+        auto vbase_of = [&](int64_t kvh) { return a.v + kvh * d; };
+        // The side lines, spread evenly over the unit's row passes.
+        const int64_t passes =
+            (j_end - j_begin + kKeyChunk - 1) / kKeyChunk * (kvh1 - kvh0) * task.n_rows;
+        const int64_t side_per_pass =
+            passes > 0 ? (static_cast<int64_t>(side.size()) + passes - 1) / passes : 0;
+        size_t side_at = 0;
+        // The runs of the current chunk; each chunk's are found once, as the next chunk's while
+        // its predecessor runs (for the prefetch), and then used here.
+        Run* runs = runs_a;
+        Run* next_runs = runs_b;
+        int64_t n_runs = RunsOf(a, task.table, j_begin, std::min(kKeyChunk, j_end - j_begin), runs);
+        for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
+          // The next chunk's lines: a lone row asks for them at once; a task of several rows
+          // spreads them over its rows (a burst of misses stalls on the core's miss buffers, and
+          // listing them first costs more than a lone row's chunk can hide).
+          int64_t n_lines = 0, n_next = 0;
+          if (j0 + kKeyChunk < j_end) {
+            n_next = RunsOf(a, task.table, j0 + kKeyChunk,
+                            std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
+            for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+              if (task.n_rows == 1) {
+                ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next,
+                            [](const void* l) { __builtin_prefetch(l); });
+              } else {
+                ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next, [&](const void* l) {
+                  if (n_lines < kMaxLines) lines[n_lines++] = l;
+                });
+              }
+            }
+          }
+          auto prefetch = [&](int64_t i) {
+            for (int64_t l = i * n_lines / task.n_rows; l < (i + 1) * n_lines / task.n_rows; ++l) {
+              __builtin_prefetch(lines[l]);
+            }
+          };
+          const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
+          for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+            const auto [h0, h1] = heads_of(kvh);
+            if (h1 <= h0) continue;
+            const uint16_t* kbase = kbase_of(kvh);
+            const uint16_t* vbase = vbase_of(kvh);
+            ChunkKv kv;
+            if (task.n_rows == 1 && a.block_size % 16 == 0) {
+              // One row: K read in place, 16 keys of one block per group.
+              for (int64_t c = 0; c * 16 < n_chunk; ++c) {
+                int64_t r = 0;
+                while (runs[r].off + runs[r].len <= 16 * c) ++r;
+                kgroups[c] = kbase + runs[r].k_at + (16 * c - runs[r].off);
+              }
+              kv.kgroups = kgroups;
             } else {
-              ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next, [&](const void* l) {
-                if (n_lines < kMaxLines) lines[n_lines++] = l;
-              });
+              StageK(a, p, kbase, runs, n_runs, kt.data());
+              kv.kt = kt.data();
+            }
+            if (task.n_rows == 1) {
+              for (int64_t r = 0, j = 0; r < n_runs; ++r) {
+                for (int64_t i = 0; i < runs[r].len; ++i, ++j)
+                  vrows[j] = vbase + runs[r].at + i * a.pos_stride;
+              }
+              kv.vrows = vrows;
+            } else {
+              StageV(a, p, vbase, runs, n_runs, vf.data());
+              kv.vf = vf.data();
+            }
+            for (int64_t i = 0; i < task.n_rows; ++i) {
+              prefetch(i);
+              for (int64_t l = 0; l < side_per_pass && side_at < side.size(); ++l) {
+                __builtin_prefetch(side[side_at++]);
+              }
+              const int64_t row = rows[task.first_row + i];
+              const int64_t n = std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
+              if (n <= 0) continue;
+              AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
+                          rec_of(i, kvh));
             }
           }
+          std::swap(runs, next_runs);
+          n_runs = n_next;
         }
-        auto prefetch = [&](int64_t i) {
-          for (int64_t l = i * n_lines / task.n_rows; l < (i + 1) * n_lines / task.n_rows; ++l) {
-            __builtin_prefetch(lines[l]);
-          }
-        };
-        const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
-        for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
-          const auto [h0, h1] = heads_of(kvh);
-          if (h1 <= h0) continue;
-          const uint16_t* kbase = kbase_of(kvh);
-          const uint16_t* vbase = vbase_of(kvh);
-          ChunkKv kv;
-          if (task.n_rows == 1 && a.block_size % 16 == 0) {
-            // One row: K read in place, 16 keys of one block per group.
-            for (int64_t c = 0; c * 16 < n_chunk; ++c) {
-              int64_t r = 0;
-              while (runs[r].off + runs[r].len <= 16 * c) ++r;
-              kgroups[c] = kbase + runs[r].k_at + (16 * c - runs[r].off);
-            }
-            kv.kgroups = kgroups;
-          } else {
-            StageK(a, p, kbase, runs, n_runs, kt.data());
-            kv.kt = kt.data();
-          }
-          if (task.n_rows == 1) {
-            for (int64_t r = 0, j = 0; r < n_runs; ++r) {
-              for (int64_t i = 0; i < runs[r].len; ++i, ++j)
-                vrows[j] = vbase + runs[r].at + i * a.pos_stride;
-            }
-            kv.vrows = vrows;
-          } else {
-            StageV(a, p, vbase, runs, n_runs, vf.data());
-            kv.vf = vf.data();
-          }
-          for (int64_t i = 0; i < task.n_rows; ++i) {
-            prefetch(i);
-            for (int64_t l = 0; l < side_per_pass && side_at < side.size(); ++l) {
-              __builtin_prefetch(side[side_at++]);
-            }
-            const int64_t row = rows[task.first_row + i];
-            const int64_t n = std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
-            if (n <= 0) continue;
-            AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
-                        rec_of(i, kvh));
-          }
-        }
-        std::swap(runs, next_runs);
-        n_runs = n_next;
       }
     }
   });
