@@ -18,6 +18,7 @@ constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * 
 constexpr int64_t kMaxRowsPerTask = 32;
 constexpr int64_t kMaxGroup = 64;          // query heads per AttendHeads pass (AttendChunk loops)
 constexpr int64_t kSideBytes = 256 << 10;  // one-row units' bytes asked for per several-row unit
+constexpr int64_t kSideLinesPerPass = 32;  // at most, per row pass of the several-row unit
 static_assert(kRange % kKeyChunk == 0);
 
 // How the work is cut, and why outputs are batch invariant:
@@ -31,12 +32,20 @@ static_assert(kRange % kKeyChunk == 0);
 //   It walks the range chunk by chunk and runs every row over each chunk while the chunk's K/V
 //   are hot in L1: a shared prefix is read from memory once per task instead of once per row
 //   (cascade attention), without changing any row's arithmetic.
+// - Threads claim items (PlanItems): a unit (a task over some of its KV heads), or a several-row
+//   unit with one-row units whose lines it asks for while it runs. Which thread runs a unit, and
+//   when, changes no bits.
 
 struct Task {
   int64_t s;          // range index
   int64_t first_row;  // rows [first_row, first_row + n_rows) of `rows`
   int64_t n_rows;
   const int32_t* table;  // a block table valid for the range (any row's: they agree there)
+};
+
+// A task over KV heads [kvh0, kvh1): what a thread runs.
+struct Unit {
+  int64_t task, kvh0, kvh1;
 };
 
 struct Run {
@@ -168,6 +177,64 @@ bool SameBlocks(const PagedAttentionArgs& a, const int32_t* x, const int32_t* y,
   return x == y || std::memcmp(x + b0, y + b0, sizeof(int32_t) * (b1 - b0)) == 0;
 }
 
+// What threads claim: item k is units seq[item[k], item[k + 1]). Where there are both
+// several-row units (bound by arithmetic: a shared prefix) and one-row units (bound by memory:
+// each sequence's own keys), an item is a several-row unit followed by one-row units of up to
+// kSideBytes, and no more lines than kSideLinesPerPass per row pass of the several-row unit:
+// the thread asks for their lines a few at a time while the several-row unit runs, so they come
+// from its cache when their turn comes (16 sequences over 1K shared keys with 100 of their own,
+// BM_PagedAttentionSharedDecode/1024/16/2/100: ~6% less time). Every other unit is an item.
+void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
+               const std::vector<int64_t>& rows, const std::vector<int64_t>& n_keys, int64_t d,
+               std::vector<int64_t>& seq, std::vector<int64_t>& item) {
+  thread_local std::vector<int64_t> multi, lone, alone;
+  multi.clear();
+  lone.clear();
+  alone.clear();
+  seq.clear();
+  item.clear();
+  for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
+    (tasks[units[u].task].n_rows > 1 ? multi : lone).push_back(u);
+  }
+  // A unit's keys in its range (a task's rows may differ: the most).
+  auto keys_of = [&](int64_t u) {
+    const Task& t = tasks[units[u].task];
+    int64_t keys = 0;
+    for (int64_t i = 0; i < t.n_rows; ++i) {
+      keys = std::max(keys, std::min(kRange, n_keys[rows[t.first_row + i]] - t.s * kRange));
+    }
+    return keys;
+  };
+  auto bytes_of = [&](int64_t u) {  // K and V of a one-row unit's keys for its KV heads
+    return keys_of(u) * (units[u].kvh1 - units[u].kvh0) * 2 * d *
+           static_cast<int64_t>(sizeof(uint16_t));
+  };
+  size_t next = 0;
+  for (const int64_t m : multi) {
+    item.push_back(static_cast<int64_t>(seq.size()));
+    seq.push_back(m);
+    const int64_t passes = (keys_of(m) + kKeyChunk - 1) / kKeyChunk *
+                           (units[m].kvh1 - units[m].kvh0) * tasks[units[m].task].n_rows;
+    const int64_t budget = std::min(kSideBytes, passes * kSideLinesPerPass * kLineBytes);
+    for (int64_t bytes = 0; next < lone.size(); ++next) {
+      const int64_t b = bytes_of(lone[next]);
+      if (b > kSideBytes) {
+        alone.push_back(lone[next]);
+        continue;
+      }
+      if (bytes + b > budget) break;
+      bytes += b;
+      seq.push_back(lone[next]);
+    }
+  }
+  for (; next < lone.size(); ++next) alone.push_back(lone[next]);
+  for (const int64_t u : alone) {
+    item.push_back(static_cast<int64_t>(seq.size()));
+    seq.push_back(u);
+  }
+  item.push_back(static_cast<int64_t>(seq.size()));
+}
+
 }  // namespace
 
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
@@ -258,9 +325,6 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   // (adjacent in the block) together, which the hardware prefetcher streams (one sequence
   // after 4K tokens, BM_PagedAttentionSharedDecode/4096/1: 3% to 40% faster, the more the
   // slower this shared machine's memory is at the time).
-  struct Unit {
-    int64_t task, kvh0, kvh1;
-  };
   thread_local std::vector<Unit> units_storage;
   std::vector<Unit>& units = units_storage;
   units.clear();
@@ -275,46 +339,10 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1});
     }
   }
-  // What a thread claims: an item, units seq[item[k], item[k + 1]). Where there are both
-  // several-row units (bound by arithmetic: a shared prefix) and one-row units (bound by memory:
-  // each sequence's own keys), an item is a several-row unit followed by up to kSideBytes of
-  // one-row units, whose lines the thread asks for a few at a time while the several-row unit
-  // runs, so they come from its cache when their turn comes (16 sequences over 1K shared keys
-  // with 100 of their own, BM_PagedAttentionSharedDecode/1024/16/2/100: 7-9% less time); the
-  // other one-row units are items of their own.
   thread_local std::vector<int64_t> seq_storage, item_storage;
   std::vector<int64_t>& seq = seq_storage;
   std::vector<int64_t>& item = item_storage;
-  seq.clear();
-  item.clear();
-  {
-    std::vector<int64_t> multi, lone;
-    for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
-      (tasks[units[u].task].n_rows > 1 ? multi : lone).push_back(u);
-    }
-    // A one-row unit's bytes: K and V of its keys for its KV heads.
-    auto bytes_of = [&](int64_t u) {
-      const Task& t = tasks[units[u].task];
-      const int64_t keys = std::min(kRange, n_keys[rows[t.first_row]] - t.s * kRange);
-      return keys * (units[u].kvh1 - units[u].kvh0) * 2 * d *
-             static_cast<int64_t>(sizeof(uint16_t));
-    };
-    size_t next_lone = 0;
-    for (const int64_t m : multi) {
-      item.push_back(static_cast<int64_t>(seq.size()));
-      seq.push_back(m);
-      for (int64_t bytes = 0; next_lone < lone.size();) {
-        bytes += bytes_of(lone[next_lone]);
-        if (bytes > kSideBytes) break;
-        seq.push_back(lone[next_lone++]);
-      }
-    }
-    for (; next_lone < lone.size(); ++next_lone) {
-      item.push_back(static_cast<int64_t>(seq.size()));
-      seq.push_back(lone[next_lone]);
-    }
-    item.push_back(static_cast<int64_t>(seq.size()));
-  }
+  PlanItems(tasks, units, rows, n_keys, d, seq, item);
   const int64_t n_items = static_cast<int64_t>(item.size()) - 1;
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {
@@ -376,9 +404,12 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
         }
         auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
         auto vbase_of = [&](int64_t kvh) { return a.v + kvh * d; };
-        // The side lines, spread evenly over the unit's row passes.
-        const int64_t passes =
-            (j_end - j_begin + kKeyChunk - 1) / kKeyChunk * (kvh1 - kvh0) * task.n_rows;
+        // The side lines, spread over the unit's row passes.
+        int64_t passes = 0;
+        for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
+          if (heads_of(kvh).second > heads_of(kvh).first) passes += task.n_rows;
+        }
+        passes *= (j_end - j_begin + kKeyChunk - 1) / kKeyChunk;
         const int64_t side_per_pass =
             passes > 0 ? (static_cast<int64_t>(side.size()) + passes - 1) / passes : 0;
         size_t side_at = 0;

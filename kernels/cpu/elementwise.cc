@@ -32,9 +32,11 @@ void RopeTableCpu(const int32_t* pos, int64_t tokens, int64_t rot_dim, float the
                   float* cs) {
   // theta_i = pos * base^(-2i/rot_dim), in double: at position 8191 one float ulp of the
   // frequency moves the angle by ~5e-4 rad, so a float angle is off in the 4th digit. In double
-  // the table is cos/sin of the exact angle rounded once to float, the same on every backend
-  // (kernels/cuda/rope.cu). Once per step, so its cost does not matter.
-  std::vector<double> freq(static_cast<size_t>(rot_dim / 2));
+  // the table is cos/sin of the exact angle rounded once to float, which kernels/cuda/rope.cu
+  // matches within a float ulp (its double pow and sincos are within 2 double ulps). Once per
+  // step, so its cost does not matter.
+  thread_local std::vector<double> freq;
+  freq.resize(static_cast<size_t>(rot_dim / 2));
   for (int64_t i = 0; i < rot_dim / 2; ++i) {
     freq[i] = std::pow(static_cast<double>(theta_base), -2.0 * static_cast<double>(i) / rot_dim);
   }

@@ -1,5 +1,6 @@
 // The Communicator conformance properties on the NCCL backend (device buffers), run by mpirun
-// over 2 ranks. Every test reports itself skipped, with the reason, where there is no GPU.
+// over 1 and 2 ranks. Every test reports itself skipped, with the reason, where there is no GPU
+// or fewer GPUs on a node than ranks on it (NCCL takes one GPU per rank).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -27,13 +28,20 @@ class Nccl : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (" << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
                    << "): the NCCL backend is compiled but can only run where a GPU is present";
     }
-    if (n < g_mpi->world_size()) {
-      // NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected").
-      GTEST_SKIP() << g_mpi->world_size() << " ranks but " << n
+    // This node's ranks: NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU
+    // detected"). The count is the same on every rank of a node, so all of them skip or none.
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local_rank = 0, local_size = 1;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    if (n < local_size) {
+      GTEST_SKIP() << local_size << " ranks on this node but " << n
                    << " CUDA device(s): NCCL needs one GPU per rank";
     }
     bootstrap_ = *CreateMpiCommunicator(0, g_mpi->world_rank());
-    auto c = CreateNcclCommunicator(*bootstrap_, g_mpi->world_rank() % n);
+    auto c = CreateNcclCommunicator(*bootstrap_, local_rank);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
   }
