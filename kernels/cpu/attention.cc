@@ -184,6 +184,30 @@ bool SameBlocks(const PagedAttentionArgs& a, const int32_t* x, const int32_t* y,
 // the thread asks for their lines a few at a time while the several-row unit runs, so they come
 // from its cache when their turn comes (16 sequences over 1K shared keys with 100 of their own,
 // BM_PagedAttentionSharedDecode/1024/16/2/100: ~6% less time). Every other unit is an item.
+// The keys of a task's range that its rows reach (rows may differ: the most).
+int64_t KeysInRange(const Task& t, const std::vector<int64_t>& rows,
+                    const std::vector<int64_t>& n_keys) {
+  int64_t keys = 0;
+  for (int64_t i = 0; i < t.n_rows; ++i) {
+    keys = std::max(keys, std::min(kRange, n_keys[rows[t.first_row + i]] - t.s * kRange));
+  }
+  return keys;
+}
+
+// Appends the lines holding a unit's K and V (all of its keys and KV heads) to `lines`.
+void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u, int64_t keys,
+                     std::vector<const void*>& lines) {
+  const int64_t j_begin = t.s * kRange;
+  for (int64_t j0 = j_begin; j0 < j_begin + keys; j0 += kKeyChunk) {
+    Run runs[kKeyChunk + 1];
+    const int64_t n_runs = RunsOf(a, t.table, j0, std::min(kKeyChunk, j_begin + keys - j0), runs);
+    for (int64_t kvh = u.kvh0; kvh < u.kvh1; ++kvh) {
+      ForEachLine(a, a.k + kvh * a.head_dim * a.block_size, a.v + kvh * a.head_dim, runs, n_runs,
+                  [&](const void* l) { lines.push_back(l); });
+    }
+  }
+}
+
 void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
                const std::vector<int64_t>& rows, const std::vector<int64_t>& n_keys, int64_t d,
                std::vector<int64_t>& seq, std::vector<int64_t>& item) {
@@ -196,15 +220,7 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
   for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
     (tasks[units[u].task].n_rows > 1 ? multi : lone).push_back(u);
   }
-  // A unit's keys in its range (a task's rows may differ: the most).
-  auto keys_of = [&](int64_t u) {
-    const Task& t = tasks[units[u].task];
-    int64_t keys = 0;
-    for (int64_t i = 0; i < t.n_rows; ++i) {
-      keys = std::max(keys, std::min(kRange, n_keys[rows[t.first_row + i]] - t.s * kRange));
-    }
-    return keys;
-  };
+  auto keys_of = [&](int64_t u) { return KeysInRange(tasks[units[u].task], rows, n_keys); };
   auto bytes_of = [&](int64_t u) {  // K and V of a one-row unit's keys for its KV heads
     return keys_of(u) * (units[u].kvh1 - units[u].kvh0) * 2 * d *
            static_cast<int64_t>(sizeof(uint16_t));
@@ -359,21 +375,9 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       for (int64_t q = item[k]; q < item[k + 1]; ++q) {
         const int64_t u = seq[q];
         side.clear();
-        if (q == item[k]) {
-          for (int64_t f = q + 1; f < item[k + 1]; ++f) {
-            const Unit& lu = units[seq[f]];
-            const Task& lt = tasks[lu.task];
-            const int64_t jb = lt.s * kRange;
-            const int64_t je = std::min(jb + kRange, n_keys[rows[lt.first_row]]);
-            for (int64_t j0 = jb; j0 < je; j0 += kKeyChunk) {
-              Run sr[kKeyChunk + 1];
-              const int64_t ns = RunsOf(a, lt.table, j0, std::min(kKeyChunk, je - j0), sr);
-              for (int64_t kvh = lu.kvh0; kvh < lu.kvh1; ++kvh) {
-                ForEachLine(a, a.k + kvh * d * a.block_size, a.v + kvh * d, sr, ns,
-                            [&](const void* l) { side.push_back(l); });
-              }
-            }
-          }
+        for (int64_t f = q + 1; q == item[k] && f < item[k + 1]; ++f) {
+          const Task& ft = tasks[units[seq[f]].task];
+          AppendUnitLines(a, ft, units[seq[f]], KeysInRange(ft, rows, n_keys), side);
         }
         const Task& task = tasks[units[u].task];
         const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;

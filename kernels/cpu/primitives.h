@@ -28,7 +28,7 @@ struct Primitives {
   // One packed group of 16 rows (kernels/packed.h; type Q4_0, Q4_1 or Q8_0) against `tokens`
   // tokens: out[t * ldo + r] for r < 16, token t's nb blocks at a + t * a_stride. Per row and
   // token, in block order: s = the block's exact int32 dot product (Q4_0 weights minus 8),
-  // acc = fma(float(s) * a.d, w.d, acc), and for Q4_1 mins = fma(w.m, a.d * float(a.sum), mins);
+  // acc = fma(float(s) * a.d, w.d, acc), and for Q4_1 mins = fma(w.m, a.dsum, mins);
   // the result is acc + mins. Every table's entry gives the same bits. next_group: the group
   // the caller takes next, whose bytes a kernel may ask for while it computes (null: none).
   using PackedTile = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
