@@ -483,7 +483,7 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
   return true;
 }
 
-absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<const float> all_logits) {
+absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_logits) {
   if (steps_.empty()) return absl::FailedPreconditionError("scheduler: no step in flight");
   std::vector<Scheduled> scheduled = std::move(steps_.front());
   steps_.pop_front();
@@ -510,10 +510,8 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<const float>
     s.computed += sc.chunk;
     NameFullBlocks(s);
     if (s.computed != static_cast<int64_t>(s.tokens.size())) continue;  // prefill continues
-    logits_row_.assign(all_logits.begin() + row * opts_.n_vocab,
-                       all_logits.begin() + (row + 1) * opts_.n_vocab);
-    ++row;
-    std::span<float> logits(logits_row_);
+    // Sampled in place (no copy of the row: at 16 sequences, 16 x 192 KB per step).
+    const std::span<float> logits = all_logits.subspan(row++ * opts_.n_vocab, opts_.n_vocab);
     if (s.req.return_logits && s.generated() == 0 && s.done.first_logits.empty()) {
       s.done.first_logits.assign(logits.begin(), logits.end());
     }

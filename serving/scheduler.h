@@ -140,12 +140,13 @@ class Scheduler {
   absl::Status Step();
   // Step in two phases, for a caller that runs several plans at once: BeginStep plans (false:
   // nothing to run), the caller runs the plan, FinishStep takes its status and logits
-  // (plan.n_logits() rows). Step() == BeginStep + runner + FinishStep.
+  // (plan.n_logits() rows: scratch of the step, which the samplers edit in place).
+  // Step() == BeginStep + runner + FinishStep.
   // Pipelining: up to max_steps_in_flight steps may be begun before the first is finished; they
   // finish in the order they began. A sequence in an unfinished step is not scheduled,
   // preempted or ended until that step finishes (a Cancel of it takes effect then).
   bool BeginStep(worker::StepPlan& plan);
-  absl::Status FinishStep(const absl::Status& run_status, std::span<const float> logits);
+  absl::Status FinishStep(const absl::Status& run_status, std::span<float> logits);
   int32_t steps_in_flight() const { return static_cast<int32_t>(steps_.size()); }
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
@@ -200,7 +201,6 @@ class Scheduler {
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
   std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
-  std::vector<float> logits_row_;  // the row being sampled (the sampler edits it)
   std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
   bool in_step_ = false;                      // sampling: callbacks are running
   std::vector<RequestId> deferred_cancels_;   // Cancel() calls made from callbacks

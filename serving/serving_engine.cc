@@ -110,8 +110,8 @@ absl::Status ServingEngine::PipelinedStep() {
 
 absl::Status ServingEngine::FinishOldestStep() {
   auto logits = engine_.FinishStep();
-  return schedulers_[0]->FinishStep(
-      logits.status(), logits.ok() ? std::span<const float>(*logits) : std::span<const float>());
+  return schedulers_[0]->FinishStep(logits.status(),
+                                    logits.ok() ? std::span<float>(*logits) : std::span<float>());
 }
 
 absl::Status ServingEngine::Step() {
