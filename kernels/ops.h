@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "kernels/thread_pool.h"
 
@@ -88,6 +89,29 @@ struct PagedAttentionArgs {
   int64_t group = 0, q_head0 = 0, kv_head0 = 0;
 };
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool);
+
+// How a PagedAttentionCpu call's work is cut and shared by the threads (its tasks and the order
+// they are claimed in). It depends on the sequences (seqs, n_seqs, their block tables), the head
+// layout and the thread count, never on q, k, v or out: one plan serves every layer of a step.
+class PagedAttentionPlan {
+ public:
+  PagedAttentionPlan();
+  ~PagedAttentionPlan();
+  PagedAttentionPlan(PagedAttentionPlan&&) noexcept;
+  PagedAttentionPlan& operator=(PagedAttentionPlan&&) noexcept;
+  struct Impl;
+
+ private:
+  friend void PlanPagedAttention(const PagedAttentionArgs&, int, PagedAttentionPlan&);
+  friend void PagedAttentionCpu(const PagedAttentionArgs&, const PagedAttentionPlan&, ThreadPool&);
+  std::unique_ptr<Impl> impl_;
+};
+// Fills `plan` (reusing its storage) for calls like `a` on a pool of n_threads.
+void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttentionPlan& plan);
+// PagedAttentionCpu with a plan made for the same sequences, heads and pool (the same bits as
+// planning afresh).
+void PagedAttentionCpu(const PagedAttentionArgs& a, const PagedAttentionPlan& plan,
+                       ThreadPool& pool);
 
 // out[i] = silu(gate[i]) * up[i] for i < n.
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n);

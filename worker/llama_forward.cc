@@ -291,6 +291,22 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
                            x_.data() + t * E, E);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Attention's arguments but for the layer's K/V, and its work plan: the same for every layer.
+  kernels::PagedAttentionArgs attn{.q = q_.data(),
+                                   .out = attn_.data(),
+                                   .n_heads = H,
+                                   .n_kv_heads = KV,
+                                   .head_dim = hd,
+                                   .pos_stride = ps,
+                                   .block_size = bs,
+                                   .block_stride = arena.block_stride(),
+                                   .seqs = segs_.data(),
+                                   .n_seqs = static_cast<int64_t>(segs_.size()),
+                                   .scale = scale,
+                                   .group = shard_.group,
+                                   .q_head0 = shard_.q_head_begin,
+                                   .kv_head0 = shard_.kv_head_begin};
+  kernels::PlanPagedAttention(attn, pool_.size(), attn_plan_);
   // The rotary cos/sin of every row: the same for every layer.
   rope_cs_.resize(n * c.rot_dim);
   kernels::RopeTableCpu(pos_.data(), n, c.rot_dim, c.rope_theta, rope_cs_.data());
@@ -330,11 +346,9 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
         kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
       }
     });
-    kernels::PagedAttentionCpu(
-        {q_.data(), kl, vl, attn_.data(), H, KV, hd, ps, bs, arena.block_stride(), segs_.data(),
-         static_cast<int64_t>(segs_.size()), scale, shard_.group, shard_.q_head_begin,
-         shard_.kv_head_begin},
-        pool_);
+    attn.k = kl;
+    attn.v = vl;
+    kernels::PagedAttentionCpu(attn, attn_plan_, pool_);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
       if (auto s = AllReduce(n * E); !s.ok()) return s;

@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -251,33 +253,51 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
   item.push_back(static_cast<int64_t>(seq.size()));
 }
 
+// A query range entry of one sequence (PlanPagedAttention's sort).
+struct Entry {
+  int64_t s, q, row0, row1;  // rows [row0, row1) of sequence q
+  bool full;                 // every row covers the whole range
+};
+
 }  // namespace
 
-void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
-  const auto& p = cpu::Prims();
-  const int64_t group = a.group > 0 ? a.group : a.n_heads / a.n_kv_heads;
-  const int64_t d = a.head_dim;
-  const int64_t stride = 2 + d;
-  // Local query heads [first, last) of local KV head kvh.
-  auto heads_of = [&](int64_t kvh) {
-    const int64_t g = a.kv_head0 + kvh;
-    const int64_t first = std::max(a.q_head0, g * group) - a.q_head0;
-    const int64_t last = std::min(a.q_head0 + a.n_heads, (g + 1) * group) - a.q_head0;
-    return std::pair<int64_t, int64_t>{first, last};
-  };
+struct PagedAttentionPlan::Impl {
+  int64_t n_seqs = 0, n_kv_heads = 0, total = 0;
+  // Per row: its key count and where its records start ([kv head][range][group] records).
+  std::vector<int64_t> n_keys, rec0;
+  std::vector<int64_t> rows;  // tasks' rows
+  std::vector<Task> tasks;
+  std::vector<Unit> units;
+  std::vector<int64_t> seq, item;  // what threads claim (PlanItems)
+  std::vector<Entry> entries;      // scratch of the planning
+};
+
+PagedAttentionPlan::PagedAttentionPlan() = default;
+PagedAttentionPlan::~PagedAttentionPlan() = default;
+PagedAttentionPlan::PagedAttentionPlan(PagedAttentionPlan&&) noexcept = default;
+PagedAttentionPlan& PagedAttentionPlan::operator=(PagedAttentionPlan&&) noexcept = default;
+
+namespace {
+int64_t GroupOf(const PagedAttentionArgs& a) {
+  return a.group > 0 ? a.group : a.n_heads / a.n_kv_heads;
+}
+}  // namespace
+
+void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttentionPlan& plan) {
+  if (plan.impl_ == nullptr) plan.impl_ = std::make_unique<PagedAttentionPlan::Impl>();
+  PagedAttentionPlan::Impl& pl = *plan.impl_;
+  const int64_t group = GroupOf(a);
   int64_t total = 0;
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     total = std::max(total, a.seqs[s].token0 + a.seqs[s].tokens);
   }
-  // Per row: its key count and where its records start ([kv head][range][group] records).
-  thread_local std::vector<int64_t> n_keys_storage, rec0_storage, rows_storage;
-  thread_local std::vector<Task> tasks_storage;
-  thread_local std::vector<float> records_storage;
-  std::vector<int64_t>& n_keys = n_keys_storage;
-  std::vector<int64_t>& rec0 = rec0_storage;
-  std::vector<int64_t>& rows = rows_storage;
-  std::vector<Task>& tasks = tasks_storage;
-  std::vector<float>& records = records_storage;  // workers reach it through this reference
+  pl.n_seqs = a.n_seqs;
+  pl.n_kv_heads = a.n_kv_heads;
+  pl.total = total;
+  std::vector<int64_t>& n_keys = pl.n_keys;
+  std::vector<int64_t>& rec0 = pl.rec0;
+  std::vector<int64_t>& rows = pl.rows;
+  std::vector<Task>& tasks = pl.tasks;
   n_keys.assign(static_cast<size_t>(total), 0);
   rec0.assign(static_cast<size_t>(total + 1), 0);
   for (int64_t q = 0; q < a.n_seqs; ++q) {
@@ -288,15 +308,11 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
     const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
     rec0[row + 1] = rec0[row] + a.n_kv_heads * ranges * group;
   }
-  records.resize(static_cast<size_t>(rec0[total] * stride));
 
   // Tasks: for each sequence and range, the rows that reach into that range (its later rows).
   // Full ranges of different sequences with the same blocks are merged (a shared prefix).
-  struct Entry {
-    int64_t s, q, row0, row1;  // rows [row0, row1) of sequence q
-    bool full;                 // every row covers the whole range
-  };
-  std::vector<Entry> entries;
+  std::vector<Entry>& entries = pl.entries;
+  entries.clear();
   for (int64_t q = 0; q < a.n_seqs; ++q) {
     const AttentionSeq& sq = a.seqs[q];
     if (sq.tokens <= 0) continue;
@@ -341,13 +357,12 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   // (adjacent in the block) together, which the hardware prefetcher streams (one sequence
   // after 4K tokens, BM_PagedAttentionSharedDecode/4096/1: 3% to 40% faster, the more the
   // slower this shared machine's memory is at the time).
-  thread_local std::vector<Unit> units_storage;
-  std::vector<Unit>& units = units_storage;
+  std::vector<Unit>& units = pl.units;
   units.clear();
   const bool all_heads =
       a.block_size % 16 == 0 && std::count_if(tasks.begin(), tasks.end(), [](const Task& t) {
                                   return t.n_rows == 1;
-                                }) >= 4 * pool.size();
+                                }) >= 4 * n_threads;
   for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
     if (tasks[t].n_rows == 1 && all_heads) {
       units.push_back({t, 0, a.n_kv_heads});
@@ -355,10 +370,41 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
       for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1});
     }
   }
-  thread_local std::vector<int64_t> seq_storage, item_storage;
-  std::vector<int64_t>& seq = seq_storage;
-  std::vector<int64_t>& item = item_storage;
-  PlanItems(tasks, units, rows, n_keys, d, seq, item);
+  PlanItems(tasks, units, rows, n_keys, a.head_dim, pl.seq, pl.item);
+}
+
+void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
+  thread_local PagedAttentionPlan plan;
+  PlanPagedAttention(a, pool.size(), plan);
+  PagedAttentionCpu(a, plan, pool);
+}
+
+void PagedAttentionCpu(const PagedAttentionArgs& a, const PagedAttentionPlan& plan,
+                       ThreadPool& pool) {
+  const PagedAttentionPlan::Impl& pl = *plan.impl_;
+  assert(pl.n_seqs == a.n_seqs && pl.n_kv_heads == a.n_kv_heads);
+  const auto& p = cpu::Prims();
+  const int64_t group = GroupOf(a);
+  const int64_t d = a.head_dim;
+  const int64_t stride = 2 + d;
+  // Local query heads [first, last) of local KV head kvh.
+  auto heads_of = [&](int64_t kvh) {
+    const int64_t g = a.kv_head0 + kvh;
+    const int64_t first = std::max(a.q_head0, g * group) - a.q_head0;
+    const int64_t last = std::min(a.q_head0 + a.n_heads, (g + 1) * group) - a.q_head0;
+    return std::pair<int64_t, int64_t>{first, last};
+  };
+  const int64_t total = pl.total;
+  const std::vector<int64_t>& n_keys = pl.n_keys;
+  const std::vector<int64_t>& rec0 = pl.rec0;
+  const std::vector<int64_t>& rows = pl.rows;
+  const std::vector<Task>& tasks = pl.tasks;
+  const std::vector<Unit>& units = pl.units;
+  const std::vector<int64_t>& seq = pl.seq;
+  const std::vector<int64_t>& item = pl.item;
+  thread_local std::vector<float> records_storage;
+  std::vector<float>& records = records_storage;  // workers reach it through this reference
+  records.resize(static_cast<size_t>(rec0[total] * stride));
   const int64_t n_items = static_cast<int64_t>(item.size()) - 1;
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {

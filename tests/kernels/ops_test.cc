@@ -380,6 +380,39 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
     };
     const auto together = run(batch, q.data(), rows, 2);
     EXPECT_EQ(together, run(batch, q.data(), rows, 1)) << "thread count changed the bits";
+    {
+      // One plan serves every layer of a step (here: the cache's K and V, then the two swapped),
+      // and a plan object planned again for other sequences serves those.
+      ThreadPool pool(2);
+      PagedAttentionPlan plan;
+      PagedAttentionArgs args{
+          q.data(), nullptr, nullptr, nullptr,     n_heads,      n_kv,
+          hd,       stride,  bs,      bs * stride, batch.data(), static_cast<int64_t>(batch.size()),
+          scale};
+      PlanPagedAttention(args, pool.size(), plan);
+      for (int layer = 0; layer < 2; ++layer) {
+        std::vector<float> planned(rows * n_heads * hd, 99.0f), fresh = planned;
+        args.k = layer == 0 ? k.data() : v.data();
+        args.v = layer == 0 ? v.data() : k.data();
+        args.out = planned.data();
+        PagedAttentionCpu(args, plan, pool);
+        args.out = fresh.data();
+        PagedAttentionCpu(args, pool);
+        EXPECT_EQ(planned, fresh) << "block size " << bs << ", layer " << layer;
+        if (layer == 0) EXPECT_EQ(planned, together);
+      }
+      const std::vector<AttentionSeq> one = {{0, seqs[1].tokens, seqs[1].pos0, tb.data()}};
+      args.seqs = one.data();
+      args.n_seqs = 1;
+      args.q = q.data() + batch[1].token0 * n_heads * hd;
+      args.k = k.data();
+      args.v = v.data();
+      std::vector<float> planned(seqs[1].tokens * n_heads * hd, 99.0f);
+      args.out = planned.data();
+      PlanPagedAttention(args, pool.size(), plan);
+      PagedAttentionCpu(args, plan, pool);
+      EXPECT_EQ(planned, run(one, args.q, seqs[1].tokens, 2)) << "re-planned, block size " << bs;
+    }
     for (size_t i = 0; i < seqs.size(); ++i) {
       const int64_t r0 = batch[i].token0, n = seqs[i].tokens;
       const std::vector<AttentionSeq> one = {{0, n, seqs[i].pos0, seqs[i].table->data()}};
