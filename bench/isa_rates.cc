@@ -7,7 +7,7 @@
 // timed bursts, so the rate measured is the issue rate. Multiply-adds per instruction turn it into
 // the peak of each kind of product: VPDPWSSD is the 16-bit-activation integer product
 // (kernels/packed.h), VFMADD231PS the fp32 attention, VPDPBUSD and VDPBF16PS the cheaper-arithmetic
-// alternatives.
+// alternatives. Then, which other instructions take the units VPDPWSSD runs on.
 #include <immintrin.h>
 
 #include <chrono>
@@ -88,25 +88,43 @@ __attribute__((target("avx512f,avx512vnni"))) void BurstDpwssdBroadcast() {
   Sink(_mm512_add_epi32(_mm512_add_epi32(s0, s11), s5));
 }
 
-// 8 VPDPWSSD and 4 VFMADD231PS chains interleaved: whether the two share execution units (the
-// packed kernel's per-block scaling is fp32 multiplies and fused multiply-adds).
-__attribute__((target("avx512f,avx512vnni"))) void BurstDpwssdWithFma() {
-  __m512i a = _mm512_set1_epi16(3), b = _mm512_set1_epi16(5);
-  __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.5f);
-  __m512i i0 = a, i1 = a, i2 = a, i3 = a, i4 = a, i5 = a, i6 = a, i7 = a;
-  __m512 f0 = x, f1 = x, f2 = x, f3 = x;
-  for (int i = 0; i < kBurst; ++i) {
-    __asm__ volatile(
-        "vpdpwssd %12, %13, %0\n\tvpdpwssd %12, %13, %1\n\tvpdpwssd %12, %13, %2\n\t"
-        "vpdpwssd %12, %13, %3\n\tvfmadd231ps %14, %15, %8\n\tvfmadd231ps %14, %15, %9\n\t"
-        "vpdpwssd %12, %13, %4\n\tvpdpwssd %12, %13, %5\n\tvpdpwssd %12, %13, %6\n\t"
-        "vpdpwssd %12, %13, %7\n\tvfmadd231ps %14, %15, %10\n\tvfmadd231ps %14, %15, %11"
-        : "+v"(i0), "+v"(i1), "+v"(i2), "+v"(i3), "+v"(i4), "+v"(i5), "+v"(i6), "+v"(i7), "+v"(f0),
-          "+v"(f1), "+v"(f2), "+v"(f3)
-        : "v"(a), "v"(b), "v"(x), "v"(y));
+// 8 VPDPWSSD chains and 4 of another instruction per iteration (`other` is the instruction up
+// to its destination, which is one of 4 registers of its own): how many VPDPWSSD still issue per
+// cycle tells whether the other one takes the same execution units. The kernels' fp32 scaling,
+// conversions and unpacking run beside the integer products (the packed kernel) and the fused
+// multiply-adds (attention); the units they share bound both.
+#define KVMESH_MIX(name, other)                                                             \
+  __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void name() {                 \
+    __m512i a = _mm512_set1_epi16(3), b = _mm512_set1_epi16(5);                             \
+    __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.5f);                           \
+    __m512i i0 = a, i1 = a, i2 = a, i3 = a, i4 = a, i5 = a, i6 = a, i7 = a;                 \
+    __m512 f0 = x, f1 = x, f2 = x, f3 = x;                                                  \
+    for (int i = 0; i < kBurst; ++i) {                                                      \
+      __asm__ volatile(                                                                     \
+          "vpdpwssd %12, %13, %0\n\tvpdpwssd %12, %13, %1\n\tvpdpwssd %12, %13, "           \
+          "%2\n\tvpdpwssd %12, %13, %3\n\t" other "%8\n\t" other                            \
+          "%9\n\tvpdpwssd %12, %13, %4\n\tvpdpwssd %12, %13, %5\n\tvpdpwssd %12, "          \
+          "%13, %6\n\tvpdpwssd %12, %13, %7\n\t" other "%10\n\t" other "%11"                \
+          : "+v"(i0), "+v"(i1), "+v"(i2), "+v"(i3), "+v"(i4), "+v"(i5), "+v"(i6), "+v"(i7), \
+            "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3)                                          \
+          : "v"(a), "v"(b), "v"(x), "v"(y));                                                \
+    }                                                                                       \
+    Sink(_mm512_add_ps(_mm512_add_ps(f0, f3), _mm512_castsi512_ps(i0)));                    \
   }
-  Sink(_mm512_add_ps(_mm512_add_ps(f0, f3), _mm512_castsi512_ps(i0)));
-}
+
+KVMESH_MIX(MixNothing, "vmovaps %8, ")  // a register move: removed at rename, the baseline
+KVMESH_MIX(MixFma, "vfmadd231ps %14, %15, ")
+KVMESH_MIX(MixMul, "vmulps %14, %15, ")
+KVMESH_MIX(MixAdd, "vaddps %14, %15, ")
+KVMESH_MIX(MixMax, "vmaxps %14, %15, ")
+KVMESH_MIX(MixCvtIntToFloat, "vcvtdq2ps %12, ")
+KVMESH_MIX(MixCvtFloatToInt, "vcvtps2dq %14, ")
+KVMESH_MIX(MixRound, "vrndscaleps $0, %14, ")
+KVMESH_MIX(MixCvtHalf, "vcvtph2ps %t12, ")
+KVMESH_MIX(MixZeroExtend, "vpmovzxbw %t12, ")
+KVMESH_MIX(MixAnd, "vpandd %12, %13, ")
+KVMESH_MIX(MixShift, "vpsrlw $4, %12, ")
+#undef KVMESH_MIX
 
 // A chain of 4 x 10 x kBurst dependent integer adds (one per cycle): the clock rate.
 void BurstAdds() {
@@ -162,11 +180,28 @@ int main(int argc, char** argv) {
                 ips * r.macs / 1e9);
   }
   if (vnni) {
-    const double ips = BurstsPerSecond(seconds, BurstDpwssdWithFma) * 8.0 * kBurst;
     std::printf(
-        "8 vpdpwssd + 4 vfmadd231ps interleaved: %.2f vpdpwssd per cycle (%.2f "
-        "instructions per cycle in all)\n",
-        ips / hz, 1.5 * ips / hz);
+        "\n8 vpdpwssd + 4 of another instruction interleaved (vpdpwssd per cycle; 2 = the\n"
+        "other runs on other units, 1.33 = it takes a multiply unit every time):\n");
+    const struct {
+      const char* name;
+      void (*burst)();
+    } mixes[] = {{"nothing (a move)", MixNothing},
+                 {"vfmadd231ps", MixFma},
+                 {"vmulps", MixMul},
+                 {"vaddps", MixAdd},
+                 {"vmaxps", MixMax},
+                 {"vcvtdq2ps", MixCvtIntToFloat},
+                 {"vcvtps2dq", MixCvtFloatToInt},
+                 {"vrndscaleps", MixRound},
+                 {"vcvtph2ps", MixCvtHalf},
+                 {"vpmovzxbw", MixZeroExtend},
+                 {"vpandd", MixAnd},
+                 {"vpsrlw", MixShift}};
+    for (const auto& m : mixes) {
+      const double ips = BurstsPerSecond(seconds, m.burst) * 8.0 * kBurst;
+      std::printf("  + %-17s %5.2f\n", m.name, ips / hz);
+    }
   }
   return 0;
 }
