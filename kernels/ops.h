@@ -106,7 +106,8 @@ class PagedAttentionPlan {
   friend void PagedAttentionCpu(const PagedAttentionArgs&, const PagedAttentionPlan&, ThreadPool&);
   std::unique_ptr<Impl> impl_;
 };
-// Fills `plan` (reusing its storage) for calls like `a` on a pool of n_threads.
+// Fills `plan` (reusing its storage) for calls like `a` on a pool of n_threads. The plan points
+// into a.seqs' block tables, which must outlive its use.
 void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttentionPlan& plan);
 // PagedAttentionCpu with a plan made for the same sequences, heads and pool (the same bits as
 // planning afresh).

@@ -381,8 +381,9 @@ void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
 
 void PagedAttentionCpu(const PagedAttentionArgs& a, const PagedAttentionPlan& plan,
                        ThreadPool& pool) {
+  assert(plan.impl_ != nullptr && plan.impl_->n_seqs == a.n_seqs &&
+         plan.impl_->n_kv_heads == a.n_kv_heads);
   const PagedAttentionPlan::Impl& pl = *plan.impl_;
-  assert(pl.n_seqs == a.n_seqs && pl.n_kv_heads == a.n_kv_heads);
   const auto& p = cpu::Prims();
   const int64_t group = GroupOf(a);
   const int64_t d = a.head_dim;
