@@ -4,8 +4,9 @@
 //   build/bin/isa_rates [--seconds 0.5]
 //
 // Each instruction runs in 12 independent register chains (enough to cover its latency), in
-// timed bursts, so the rate measured is the issue rate. Multiply-adds per instruction turn it into
-// the peak of each kind of product: VPDPWSSD is the 16-bit-activation integer product
+// timed bursts, so the rate measured is the issue rate (the mixes at the end: 8 chains and 4
+// other instructions, read against 8 chains beside a register move). Multiply-adds per instruction
+// turn it into the peak of each kind of product: VPDPWSSD is the 16-bit-activation integer product
 // (kernels/packed.h), VFMADD231PS the fp32 attention, VPDPBUSD and VDPBF16PS the cheaper-arithmetic
 // alternatives. Then, which other instructions take the units VPDPWSSD runs on.
 #include <immintrin.h>
@@ -179,10 +180,11 @@ int main(int argc, char** argv) {
     std::printf("%-17s %14.2f %12.2f %14d %22.1f\n", r.name, ips / 1e9, ips / hz, r.macs,
                 ips * r.macs / 1e9);
   }
-  if (vnni) {
+  if (vnni && __builtin_cpu_supports("avx512bw")) {
     std::printf(
-        "\n8 vpdpwssd + 4 of another instruction interleaved (vpdpwssd per cycle; 2 = the\n"
-        "other runs on other units, 1.33 = it takes a multiply unit every time):\n");
+        "\n8 vpdpwssd chains + 4 of another instruction per iteration: vpdpwssd per cycle (1.33\n"
+        "if the other takes one of the two multiply units every time: 12 on two units per 8\n"
+        "vpdpwssd), and as a share of the rate beside a register move (~1: other units):\n");
     const struct {
       const char* name;
       void (*burst)();
@@ -198,9 +200,11 @@ int main(int argc, char** argv) {
                  {"vpmovzxbw", MixZeroExtend},
                  {"vpandd", MixAnd},
                  {"vpsrlw", MixShift}};
+    double alone = 0;
     for (const auto& m : mixes) {
-      const double ips = BurstsPerSecond(seconds, m.burst) * 8.0 * kBurst;
-      std::printf("  + %-17s %5.2f\n", m.name, ips / hz);
+      const double per_cycle = BurstsPerSecond(seconds, m.burst) * 8.0 * kBurst / hz;
+      if (alone == 0) alone = per_cycle;
+      std::printf("  + %-17s %5.2f  %4.2f\n", m.name, per_cycle, per_cycle / alone);
     }
   }
   return 0;

@@ -90,29 +90,37 @@ struct PagedAttentionArgs {
 };
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool);
 
-// How a PagedAttentionCpu call's work is cut and shared by the threads (its tasks and the order
-// they are claimed in). It depends on the sequences (seqs, n_seqs, their block tables), the head
-// layout and the thread count, never on q, k, v or out: one plan serves every layer of a step.
+// Plan / run split of PagedAttentionCpu. A plan holds a call's arguments but q, k, v and out,
+// and the work cut from them: the tasks and the order the threads claim them. None of it depends
+// on a layer's K/V or queries, so one plan serves every layer of a step. It points into the
+// sequences' block tables, which must outlive it unchanged (shared prefixes are found by
+// comparing block ids). The thread count it was made for only steers how work is cut: a plan
+// run on another pool gives the same bits. Not thread-safe to re-plan while a run uses it; a
+// plan may be run by several callers at once (each run's scratch is its calling thread's).
 class PagedAttentionPlan {
  public:
   PagedAttentionPlan();
   ~PagedAttentionPlan();
   PagedAttentionPlan(PagedAttentionPlan&&) noexcept;
   PagedAttentionPlan& operator=(PagedAttentionPlan&&) noexcept;
-  struct Impl;
+
+  // Whether PlanPagedAttention has filled it.
+  bool planned() const { return impl_ != nullptr; }
 
  private:
+  struct Impl;
   friend void PlanPagedAttention(const PagedAttentionArgs&, int, PagedAttentionPlan&);
-  friend void PagedAttentionCpu(const PagedAttentionArgs&, const PagedAttentionPlan&, ThreadPool&);
+  friend void PagedAttentionCpu(const PagedAttentionPlan&, const float*, const uint16_t*,
+                                const uint16_t*, float*, ThreadPool&);
   std::unique_ptr<Impl> impl_;
 };
-// Fills `plan` (reusing its storage) for calls like `a` on a pool of n_threads. The plan points
-// into a.seqs' block tables, which must outlive its use.
+// Fills `plan` (reusing its storage) for `a` (its q, k, v and out are not read) on a pool of
+// n_threads.
 void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttentionPlan& plan);
-// PagedAttentionCpu with a plan made for the same sequences, heads and pool (the same bits as
-// planning afresh).
-void PagedAttentionCpu(const PagedAttentionArgs& a, const PagedAttentionPlan& plan,
-                       ThreadPool& pool);
+// PagedAttentionCpu of the planned arguments with these q, k, v and out (one layer's); the same
+// bits as planning afresh. `plan` must be planned().
+void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uint16_t* k,
+                       const uint16_t* v, float* out, ThreadPool& pool);
 
 // out[i] = silu(gate[i]) * up[i] for i < n.
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n);

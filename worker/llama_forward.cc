@@ -291,10 +291,9 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
                            x_.data() + t * E, E);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Attention's arguments but for the layer's K/V, and its work plan: the same for every layer.
-  kernels::PagedAttentionArgs attn{.q = q_.data(),
-                                   .out = attn_.data(),
-                                   .n_heads = H,
+  // Attention's work plan (its arguments but the layer's q, K, V and output): the same for
+  // every layer.
+  kernels::PagedAttentionArgs attn{.n_heads = H,
                                    .n_kv_heads = KV,
                                    .head_dim = hd,
                                    .pos_stride = ps,
@@ -346,9 +345,7 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
         kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
       }
     });
-    attn.k = kl;
-    attn.v = vl;
-    kernels::PagedAttentionCpu(attn, attn_plan_, pool_);
+    kernels::PagedAttentionCpu(attn_plan_, q_.data(), kl, vl, attn_.data(), pool_);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
       if (auto s = AllReduce(n * E); !s.ok()) return s;

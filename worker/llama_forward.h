@@ -113,8 +113,9 @@ class LlamaForward {
   std::vector<int32_t> chunk_of_row_, out_of_row_;
   std::vector<int64_t> chunk_row0_;  // first plan row of each chunk
   std::vector<kernels::AttentionSeq> segs_;
-  kernels::PagedAttentionPlan attn_plan_;  // for segs_, made once per batch
-  std::vector<int64_t> kv_at_;             // per micro-batch row: its V slot's offset in a layer
+  // Attention's plan for segs_, made once per batch and run by every layer.
+  kernels::PagedAttentionPlan attn_plan_;
+  std::vector<int64_t> kv_at_;     // per micro-batch row: its V slot's offset in a layer
   std::vector<int64_t> k_at_;      // ... and its K slot's (dim 0; dim e at + e * block_size)
   std::vector<uint16_t> k16_;      // the rows' K in fp16, before each is spread over its block
   std::vector<float> rope_cs_;     // the rows' rotary cos/sin (kernels::RopeTableCpu)

@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <atomic>
-#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -262,7 +261,8 @@ struct Entry {
 }  // namespace
 
 struct PagedAttentionPlan::Impl {
-  int64_t n_seqs = 0, n_kv_heads = 0, total = 0;
+  PagedAttentionArgs args;  // as planned, without q, k, v and out
+  int64_t total = 0;        // rows
   // Per row: its key count and where its records start ([kv head][range][group] records).
   std::vector<int64_t> n_keys, rec0;
   std::vector<int64_t> rows;  // tasks' rows
@@ -291,8 +291,9 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     total = std::max(total, a.seqs[s].token0 + a.seqs[s].tokens);
   }
-  pl.n_seqs = a.n_seqs;
-  pl.n_kv_heads = a.n_kv_heads;
+  pl.args = a;
+  pl.args.q = pl.args.out = nullptr;
+  pl.args.k = pl.args.v = nullptr;
   pl.total = total;
   std::vector<int64_t>& n_keys = pl.n_keys;
   std::vector<int64_t>& rec0 = pl.rec0;
@@ -376,14 +377,17 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   thread_local PagedAttentionPlan plan;
   PlanPagedAttention(a, pool.size(), plan);
-  PagedAttentionCpu(a, plan, pool);
+  PagedAttentionCpu(plan, a.q, a.k, a.v, a.out, pool);
 }
 
-void PagedAttentionCpu(const PagedAttentionArgs& a, const PagedAttentionPlan& plan,
-                       ThreadPool& pool) {
-  assert(plan.impl_ != nullptr && plan.impl_->n_seqs == a.n_seqs &&
-         plan.impl_->n_kv_heads == a.n_kv_heads);
+void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uint16_t* k,
+                       const uint16_t* v, float* out, ThreadPool& pool) {
   const PagedAttentionPlan::Impl& pl = *plan.impl_;
+  PagedAttentionArgs a = pl.args;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
   const auto& p = cpu::Prims();
   const int64_t group = GroupOf(a);
   const int64_t d = a.head_dim;

@@ -382,36 +382,41 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
     EXPECT_EQ(together, run(batch, q.data(), rows, 1)) << "thread count changed the bits";
     {
       // One plan serves every layer of a step (here: the cache's K and V, then the two swapped),
-      // and a plan object planned again for other sequences serves those.
+      // also one made for another thread count, and a plan object planned again for other
+      // sequences serves those.
       ThreadPool pool(2);
-      PagedAttentionPlan plan;
+      PagedAttentionPlan plan, plan_one_thread;
+      EXPECT_FALSE(plan.planned());
       PagedAttentionArgs args{
-          q.data(), nullptr, nullptr, nullptr,     n_heads,      n_kv,
-          hd,       stride,  bs,      bs * stride, batch.data(), static_cast<int64_t>(batch.size()),
+          nullptr, nullptr, nullptr, nullptr,     n_heads,      n_kv,
+          hd,      stride,  bs,      bs * stride, batch.data(), static_cast<int64_t>(batch.size()),
           scale};
       PlanPagedAttention(args, pool.size(), plan);
+      PlanPagedAttention(args, 1, plan_one_thread);
+      EXPECT_TRUE(plan.planned());
       for (int layer = 0; layer < 2; ++layer) {
-        std::vector<float> planned(rows * n_heads * hd, 99.0f), fresh = planned;
-        args.k = layer == 0 ? k.data() : v.data();
-        args.v = layer == 0 ? v.data() : k.data();
-        args.out = planned.data();
-        PagedAttentionCpu(args, plan, pool);
+        const uint16_t* kl = layer == 0 ? k.data() : v.data();
+        const uint16_t* vl = layer == 0 ? v.data() : k.data();
+        std::vector<float> planned(rows * n_heads * hd, 99.0f), other = planned, fresh = planned;
+        PagedAttentionCpu(plan, q.data(), kl, vl, planned.data(), pool);
+        PagedAttentionCpu(plan_one_thread, q.data(), kl, vl, other.data(), pool);
+        args.q = q.data();
+        args.k = kl;
+        args.v = vl;
         args.out = fresh.data();
         PagedAttentionCpu(args, pool);
         EXPECT_EQ(planned, fresh) << "block size " << bs << ", layer " << layer;
+        EXPECT_EQ(other, fresh) << "planned for one thread, block size " << bs;
         if (layer == 0) EXPECT_EQ(planned, together);
       }
       const std::vector<AttentionSeq> one = {{0, seqs[1].tokens, seqs[1].pos0, tb.data()}};
       args.seqs = one.data();
       args.n_seqs = 1;
-      args.q = q.data() + batch[1].token0 * n_heads * hd;
-      args.k = k.data();
-      args.v = v.data();
+      const float* q1 = q.data() + batch[1].token0 * n_heads * hd;
       std::vector<float> planned(seqs[1].tokens * n_heads * hd, 99.0f);
-      args.out = planned.data();
       PlanPagedAttention(args, pool.size(), plan);
-      PagedAttentionCpu(args, plan, pool);
-      EXPECT_EQ(planned, run(one, args.q, seqs[1].tokens, 2)) << "re-planned, block size " << bs;
+      PagedAttentionCpu(plan, q1, k.data(), v.data(), planned.data(), pool);
+      EXPECT_EQ(planned, run(one, q1, seqs[1].tokens, 2)) << "re-planned, block size " << bs;
     }
     for (size_t i = 0; i < seqs.size(); ++i) {
       const int64_t r0 = batch[i].token0, n = seqs[i].tokens;

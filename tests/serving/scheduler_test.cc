@@ -318,6 +318,41 @@ TEST(Scheduler, LogprobsDescribeTheModelsDistribution) {
   h.ExpectNoLeaks();
 }
 
+// The sampler edits the step's logits row in place (the repetition penalty): what a request gets
+// back of the model's distribution (first_logits, logprobs) is read before that.
+TEST(Scheduler, LogitsAndLogprobsAreTheModelsBeforeThePenaltyEditsThem) {
+  Harness h({.n_blocks = 16, .block_size = 4});
+  // A prompt whose first greedy token is already in it, so the penalty changes that logit.
+  std::vector<int32_t> p;
+  int32_t first = -1;
+  for (int seed = 1; seed < 1000; ++seed) {
+    p = Tokens(20, seed);
+    first = Expected(p, 1)[0];
+    if (std::find(p.begin(), p.end(), first) != p.end()) break;
+  }
+  ASSERT_NE(std::find(p.begin(), p.end(), first), p.end());
+  Request r;
+  r.prompt = p;
+  r.max_tokens = 3;
+  r.sampling.temperature = 0;
+  r.sampling.repeat_penalty = 2.0f;  // 100 -> 50 for a token seen, -100 -> -200
+  r.logprobs = 2;
+  r.return_logits = true;
+  Completion got;
+  ASSERT_TRUE(h.sched.Submit(r, {.on_done = [&](const Completion& c) { got = c; }}).ok());
+  h.Drain();
+  EXPECT_EQ(got.tokens, Expected(p, 3));  // 50 is still the largest
+  ASSERT_EQ(got.first_logits.size(), static_cast<size_t>(kVocab));
+  for (int32_t t = 0; t < kVocab; ++t) {
+    EXPECT_EQ(got.first_logits[t], t == first ? 100.0f : -100.0f) << t;
+  }
+  ASSERT_EQ(got.logprobs.size(), 3u);
+  ASSERT_EQ(got.logprobs[0].top.size(), 2u);
+  // The model's runner-up is 200 below its best; after the penalty it would be 150.
+  EXPECT_NEAR(got.logprobs[0].top[1].second, -200.0, 1e-3);
+  h.ExpectNoLeaks();
+}
+
 TEST(Scheduler, RejectsWhatCanNeverRunAndBoundsTheQueue) {
   Harness h({.n_blocks = 4, .block_size = 4, .max_context = 64, .max_waiting = 2});
   Request r;
