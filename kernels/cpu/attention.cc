@@ -44,9 +44,10 @@ struct Task {
   const int32_t* table;  // a block table valid for the range (any row's: they agree there)
 };
 
-// A task over KV heads [kvh0, kvh1): what a thread runs.
+// A task over KV heads [kvh0, kvh1): what a thread runs. keys: how many of the task's range its
+// rows reach (KeysInRange), found once when planning.
 struct Unit {
-  int64_t task, kvh0, kvh1;
+  int64_t task, kvh0, kvh1, keys;
 };
 
 struct Run {
@@ -196,12 +197,12 @@ int64_t KeysInRange(const Task& t, const std::vector<int64_t>& rows,
 }
 
 // Appends the lines holding a unit's K and V (all of its keys and KV heads) to `lines`.
-void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u, int64_t keys,
+void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u,
                      std::vector<const void*>& lines) {
-  const int64_t j_begin = t.s * kRange;
-  for (int64_t j0 = j_begin; j0 < j_begin + keys; j0 += kKeyChunk) {
+  const int64_t j_begin = t.s * kRange, j_end = j_begin + u.keys;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
     Run runs[kKeyChunk + 1];
-    const int64_t n_runs = RunsOf(a, t.table, j0, std::min(kKeyChunk, j_begin + keys - j0), runs);
+    const int64_t n_runs = RunsOf(a, t.table, j0, std::min(kKeyChunk, j_end - j0), runs);
     for (int64_t kvh = u.kvh0; kvh < u.kvh1; ++kvh) {
       ForEachLine(a, a.k + kvh * a.head_dim * a.block_size, a.v + kvh * a.head_dim, runs, n_runs,
                   [&](const void* l) { lines.push_back(l); });
@@ -209,8 +210,7 @@ void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u, 
   }
 }
 
-void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
-               const std::vector<int64_t>& rows, const std::vector<int64_t>& n_keys, int64_t d,
+void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units, int64_t d,
                std::vector<int64_t>& seq, std::vector<int64_t>& item) {
   thread_local std::vector<int64_t> multi, lone, alone;
   multi.clear();
@@ -221,16 +221,15 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units,
   for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
     (tasks[units[u].task].n_rows > 1 ? multi : lone).push_back(u);
   }
-  auto keys_of = [&](int64_t u) { return KeysInRange(tasks[units[u].task], rows, n_keys); };
   auto bytes_of = [&](int64_t u) {  // K and V of a one-row unit's keys for its KV heads
-    return keys_of(u) * (units[u].kvh1 - units[u].kvh0) * 2 * d *
+    return units[u].keys * (units[u].kvh1 - units[u].kvh0) * 2 * d *
            static_cast<int64_t>(sizeof(uint16_t));
   };
   size_t next = 0;
   for (const int64_t m : multi) {
     item.push_back(static_cast<int64_t>(seq.size()));
     seq.push_back(m);
-    const int64_t passes = (keys_of(m) + kKeyChunk - 1) / kKeyChunk *
+    const int64_t passes = (units[m].keys + kKeyChunk - 1) / kKeyChunk *
                            (units[m].kvh1 - units[m].kvh0) * tasks[units[m].task].n_rows;
     const int64_t budget = std::min(kSideBytes, passes * kSideLinesPerPass * kLineBytes);
     for (int64_t bytes = 0; next < lone.size(); ++next) {
@@ -365,13 +364,14 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
                                   return t.n_rows == 1;
                                 }) >= 4 * n_threads;
   for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
+    const int64_t keys = KeysInRange(tasks[t], rows, n_keys);
     if (tasks[t].n_rows == 1 && all_heads) {
-      units.push_back({t, 0, a.n_kv_heads});
+      units.push_back({t, 0, a.n_kv_heads, keys});
     } else {
-      for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1});
+      for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1, keys});
     }
   }
-  PlanItems(tasks, units, rows, n_keys, a.head_dim, pl.seq, pl.item);
+  PlanItems(tasks, units, a.head_dim, pl.seq, pl.item);
 }
 
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
@@ -427,8 +427,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         const int64_t u = seq[q];
         side.clear();
         for (int64_t f = q + 1; q == item[k] && f < item[k + 1]; ++f) {
-          const Task& ft = tasks[units[seq[f]].task];
-          AppendUnitLines(a, ft, units[seq[f]], KeysInRange(ft, rows, n_keys), side);
+          AppendUnitLines(a, tasks[units[seq[f]].task], units[seq[f]], side);
         }
         const Task& task = tasks[units[u].task];
         const int64_t kvh0 = units[u].kvh0, kvh1 = units[u].kvh1;
@@ -437,8 +436,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         int64_t keys_of[kMaxRowsPerTask];
         float* rec_at[kMaxRowsPerTask];
         int64_t rec_step[kMaxRowsPerTask];
-        const int64_t j_begin = task.s * kRange;
-        int64_t j_end = j_begin;
+        const int64_t j_begin = task.s * kRange, j_end = j_begin + units[u].keys;
         auto rec_of = [&](int64_t i, int64_t kvh) { return rec_at[i] + kvh * rec_step[i]; };
         for (int64_t i = 0; i < task.n_rows; ++i) {
           const int64_t row = rows[task.first_row + i];
@@ -446,7 +444,6 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           const int64_t ranges = (n_keys[row] + kRange - 1) / kRange;
           rec_at[i] = records.data() + (rec0[row] + task.s * group) * stride;
           rec_step[i] = ranges * group * stride;
-          j_end = std::max(j_end, std::min(j_begin + kRange, keys_of[i]));
           for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
             const auto [h0, h1] = heads_of(kvh);
             float* rec = rec_of(i, kvh);
