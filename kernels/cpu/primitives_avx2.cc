@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -212,47 +213,110 @@ KVMESH_AVX2 inline __m256 InRegister(__m256 v) {
   return v;
 }
 
+// Where qk_t reads K: a staged fp32 tile, or fp16 groups of 16 keys in the cache converted in
+// registers (the same floats: the conversion is exact). Both read whole vectors: a staged tile's
+// stride covers its last vector, and a cache group always holds 16 positions per dim.
+struct KtF32 {
+  const float* kt;
+  int64_t kts;
+  KVMESH_AVX2 __m256 Load(int64_t i, int c) const { return _mm256_loadu_ps(kt + i * kts + 8 * c); }
+};
+struct KtF16 {
+  const uint16_t* const* groups;
+  int64_t stride;
+  KVMESH_AVX2 __m256 Load(int64_t i, int c) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(groups[c / 2] + i * stride + 8 * (c & 1))));
+  }
+};
+
+// Lanes [0, m) of a vector of 8 (m in [1, 8]).
+KVMESH_AVX2 inline __m256i FirstLanes(int64_t m) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // qk_t, 8 keys per register: one fused multiply-add chain per key in dim order, as the scalar
-// reference (same bits). GN heads x VN vectors of accumulators (compile-time sizes, so they stay
-// in the 16 registers); each dim's K vectors are loaded once for all heads. Reads whole vectors
-// of K: kts must cover the last one.
-template <int GN, int VN>
-KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const float* kt, int64_t kts, float* out,
-                        int64_t ss, int64_t m) {
+// reference (same bits). GN heads x VN vectors of accumulators stay in the 16 registers (sizes
+// fixed at compile time) with every chain independent, so the two FMA pipes never wait on a
+// chain's latency: per dim, either the GN query values are broadcast once and each K vector is
+// loaded into one register in turn (GN + 1 registers beside the accumulators), or the VN K
+// vectors are loaded once and each query value broadcast in turn (VN + 1), whichever is fewer.
+// Stores keys [0, n) of the tile (n <= 8 * VN) and folds their maximum into row_max.
+template <int GN, int VN, typename Kt>
+KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t n, float* scores,
+                        int64_t ss, float* row_max) {
+  static_assert(GN * VN + std::min(GN, VN) + 1 <= 16, "the tile must fit the 16 registers");
   __m256 acc[GN][VN];
   for (int c = 0; c < VN; ++c) {
-    const __m256 k0 = InRegister(_mm256_loadu_ps(kt + 8 * c));
+    const __m256 k0 = InRegister(k.Load(0, c));
     for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g][0]), k0);
   }
   for (int64_t i = 1; i < d; ++i) {
-    __m256 ki[VN];
-    for (int c = 0; c < VN; ++c) ki[c] = InRegister(_mm256_loadu_ps(kt + i * kts + 8 * c));
-    for (int g = 0; g < GN; ++g) {
-      const __m256 qv = _mm256_set1_ps(qs[g][i]);
-      for (int c = 0; c < VN; ++c) acc[g][c] = _mm256_fmadd_ps(qv, ki[c], acc[g][c]);
+    if constexpr (GN <= VN) {
+      __m256 qv[GN];
+      for (int g = 0; g < GN; ++g) qv[g] = InRegister(_mm256_set1_ps(qs[g][i]));
+      for (int c = 0; c < VN; ++c) {
+        const __m256 kv = InRegister(k.Load(i, c));
+        for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_fmadd_ps(qv[g], kv, acc[g][c]);
+      }
+    } else {
+      __m256 ki[VN];
+      for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
+      for (int g = 0; g < GN; ++g) {
+        const __m256 qv = InRegister(_mm256_set1_ps(qs[g][i]));
+        for (int c = 0; c < VN; ++c) acc[g][c] = _mm256_fmadd_ps(qv, ki[c], acc[g][c]);
+      }
     }
   }
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int g = 0; g < GN; ++g) {
-    alignas(32) float tmp[8 * VN];
-    for (int c = 0; c < VN; ++c) _mm256_store_ps(tmp + 8 * c, acc[g][c]);
-    std::memcpy(out + g * ss, tmp, sizeof(float) * std::min<int64_t>(m, 8 * VN));
+    __m256 mx = neg_inf;
+    for (int c = 0; c < VN; ++c) {
+      const int64_t m = std::min<int64_t>(8, n - 8 * c);
+      if (m == 8) {
+        _mm256_storeu_ps(scores + g * ss + 8 * c, acc[g][c]);
+        mx = _mm256_max_ps(mx, acc[g][c]);
+      } else if (m > 0) {
+        const __m256i lanes = FirstLanes(m);
+        _mm256_maskstore_ps(scores + g * ss + 8 * c, lanes, acc[g][c]);
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, acc[g][c], _mm256_castsi256_ps(lanes)));
+      }
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    row_max[g] = std::max(row_max[g], _mm_cvtss_f32(m4));
   }
 }
 
-// GN heads over all n keys in tiles of VN vectors (the last tile narrower).
-template <int GN, int VN>
-KVMESH_AVX2 void QkHeads(const float (*qs)[256], int64_t d, const float* kt, int64_t kts, int64_t n,
-                         float* scores, int64_t ss) {
-  int64_t j0 = 0;
-  for (; j0 + 8 * VN <= n; j0 += 8 * VN) {
-    QkTile<GN, VN>(qs, d, kt + j0, kts, scores + j0, ss, 8 * VN);
+// A tile of vn <= VN vectors (the last, narrower tile of a row of keys).
+template <int GN, int VN, typename Kt>
+KVMESH_AVX2 void QkTileUpTo(int64_t vn, const float (*qs)[256], int64_t d, const Kt& k, int64_t n,
+                            float* scores, int64_t ss, float* row_max) {
+  if constexpr (VN > 1) {
+    if (vn < VN) return QkTileUpTo<GN, VN - 1>(vn, qs, d, k, n, scores, ss, row_max);
   }
-  for (; j0 < n; j0 += 8) QkTile<GN, 1>(qs, d, kt + j0, kts, scores + j0, ss, n - j0);
+  QkTile<GN, VN>(qs, d, k, n, scores, ss, row_max);
 }
 
-KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
-                     float scale, float* scores, int64_t ss, float* row_max) {
-  if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
+// GN heads over keys [0, n) in tiles of 8 * VN keys (VN even: every tile starts a 16-key group);
+// tile(j0) gives the loader for the keys from j0.
+template <int GN, int VN, typename TileAt>
+KVMESH_AVX2 void QkHeads(const float (*qs)[256], int64_t d, int64_t n, float* scores, int64_t ss,
+                         float* row_max, const TileAt& tile) {
+  static_assert(VN % 2 == 0);
+  for (int64_t j0 = 0; j0 < n; j0 += 8 * VN) {
+    const int64_t m = std::min<int64_t>(8 * VN, n - j0);
+    QkTileUpTo<GN, VN>((m + 7) / 8, qs, d, tile(j0), m, scores + j0, ss, row_max);
+  }
+}
+
+// Heads in passes of up to 4 (q scaled once per pass), tiles sized per pass.
+template <typename TileAt>
+KVMESH_AVX2 void QkAllHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
+                            float* scores, int64_t ss, float* row_max, const TileAt& tile) {
+  for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
   alignas(32) float qs[4][256];
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gn = std::min<int64_t>(4, G - g0);
@@ -260,26 +324,48 @@ KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int6
       for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
     }
     float* out = scores + g0 * ss;
+    float* mx = row_max + g0;
     switch (gn) {
       case 1:
-        QkHeads<1, 4>(qs, d, kt, kts, n, out, ss);
+        QkHeads<1, 8>(qs, d, n, out, ss, mx, tile);
         break;
       case 2:
-        QkHeads<2, 4>(qs, d, kt, kts, n, out, ss);
+        QkHeads<2, 4>(qs, d, n, out, ss, mx, tile);
         break;
       case 3:
-        QkHeads<3, 3>(qs, d, kt, kts, n, out, ss);
+        QkHeads<3, 4>(qs, d, n, out, ss, mx, tile);
         break;
       default:
-        QkHeads<4, 2>(qs, d, kt, kts, n, out, ss);
+        QkHeads<4, 2>(qs, d, n, out, ss, mx, tile);
         break;
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
-    float mx = scores[g * ss];
-    for (int64_t j = 1; j < n; ++j) mx = std::max(mx, scores[g * ss + j]);
-    row_max[g] = mx;
+}
+
+KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
+                     float scale, float* scores, int64_t ss, float* row_max) {
+  if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
+  QkAllHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
+    return KtF32{kt + j0, kts};
+  });
+}
+
+KVMESH_AVX2 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
+                        int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
+                        float* row_max) {
+  if (d > 256) {
+    return GenericQkTF16(Avx2Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
+                         row_max);
   }
+  QkAllHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
+    return KtF16{groups + j0 / 16, dim_stride};
+  });
+}
+
+// dst[r * dst_stride + c] = float(src[r * src_stride + c]) for r < rows, c < cols.
+KVMESH_AVX2 void F16ToF32Tile(const uint16_t* src, int64_t src_stride, float* dst,
+                              int64_t dst_stride, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) F16ToF32(src + r * src_stride, dst + r * dst_stride, cols);
 }
 
 // p.v for head_dim 64: o[g][i] = fma(p[g][j], v[j][i], o[g][i]) for j in order (every path of
@@ -474,11 +560,11 @@ const Primitives& Avx2Primitives() {
       .exp_shifted_sum = ExpShiftedSum,
       .silu_mul = SiluMul,
       .qk_t = QkT,
-      .qk_t_f16 = GenericQkTF16Of<Avx2Primitives>,
+      .qk_t_f16 = QkTF16,
       .pv = Pv,
       .pv_f16 = PvF16,
       .f16_to_f32 = F16ToF32,
-      .f16_to_f32_tile = GenericF16ToF32Tile,
+      .f16_to_f32_tile = F16ToF32Tile,
       .to_fp16 = ToFp16};
   return t;
 }

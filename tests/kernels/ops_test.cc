@@ -514,10 +514,25 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     p.to_fp16(g.data(), h.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], FloatToFp16(g[i]));
   }
+  // fp16 tiles: exact conversion of rows x cols, nothing written outside them.
+  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 64}, {5, 37}}) {
+    std::vector<uint16_t> src(rows * (cols + 3));
+    const auto vals = Randn(static_cast<int64_t>(src.size()), static_cast<uint32_t>(cols), 8.0f);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = FloatToFp16(vals[i]);
+    const int64_t ds = cols + 5;
+    std::vector<float> dst(rows * ds, -7.0f);
+    p.f16_to_f32_tile(src.data(), cols + 3, dst.data(), ds, rows, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < ds; ++c) {
+        ASSERT_EQ(dst[r * ds + c], c < cols ? Fp16ToFloat(src[r * (cols + 3) + c]) : -7.0f)
+            << rows << "x" << cols << " at " << r << "," << c;
+      }
+    }
+  }
   // q.k over transposed K: one fused chain per key in dim order, the same bits on every ISA.
   const auto kt = Randn(64 * 64, 21), qv = Randn(5 * 64, 22);
-  for (int64_t G : {1, 3, 5}) {
-    for (int64_t n : {1, 5, 16, 33, 64}) {
+  for (int64_t G : {1, 2, 3, 4, 5}) {
+    for (int64_t n : {1, 5, 16, 24, 33, 47, 64}) {
       std::vector<float> got(G * 64, -1.0f), want(G * 64, -1.0f), got_max(G), want_max(G);
       p.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, got.data(), 64, got_max.data());
       ref.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, want.data(), 64, want_max.data());
