@@ -459,9 +459,14 @@ KVMESH_AVX2 inline __m128i Load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
 
+// ahead: the next group, whose bytes this pass asks for a few lines per block: pass `pass` of
+// `passes` over the group takes its share, so the whole group's lines are spread evenly over
+// every pass (asked for at once, in the first pass only, they overrun the core's miss buffers
+// when the group streams from memory).
 template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
-                            int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
+                            int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
+                            int64_t pass, int64_t passes) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
@@ -471,8 +476,10 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
     const uint8_t* blk = group + b * kGroupBlock;
     const uint8_t* q = blk + kScales + 16 * half;
     if (ahead != nullptr) {
-      for (int64_t l = 0; l < kGroupBlock; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
+      const int64_t at = pass * nb + b;
+      for (int64_t l = at * kGroupBlock / passes & ~int64_t{63};
+           l < (at + 1) * kGroupBlock / passes; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + l), _MM_HINT_T0);
       }
     }
     const BlockA16* ab[N];
@@ -525,19 +532,20 @@ KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* 
                               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
   constexpr int kChunk = 4;
   using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t,
-                        const uint8_t*);
+                        const uint8_t*, int64_t, int64_t);
   static constexpr Tail kTail[kChunk] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>,
                                          PackedHalf<T, 3>};
-  // The first pass over the group asks for the next group's bytes (as the AVX-512 kernel).
+  const int64_t passes = 2 * ((tokens + kChunk - 1) / kChunk);
+  int64_t pass = 0;
   for (int half = 0; half < 2; ++half) {
     int64_t t = 0;
     for (; t + kChunk <= tokens; t += kChunk) {
       PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                            half == 0 && t == 0 ? next_group : nullptr);
+                            next_group, pass++, passes);
     }
     if (t < tokens) {
-      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                        half == 0 && t == 0 ? next_group : nullptr);
+      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group,
+                        pass++, passes);
     }
   }
 }

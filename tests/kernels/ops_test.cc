@@ -515,7 +515,7 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], FloatToFp16(g[i]));
   }
   // fp16 tiles: exact conversion of rows x cols, nothing written outside them.
-  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 64}, {5, 37}}) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 64}, {5, 37}}) {
     std::vector<uint16_t> src(rows * (cols + 3));
     const auto vals = Randn(static_cast<int64_t>(src.size()), static_cast<uint32_t>(cols), 8.0f);
     for (size_t i = 0; i < src.size(); ++i) src[i] = FloatToFp16(vals[i]);
