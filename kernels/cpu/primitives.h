@@ -53,7 +53,11 @@ struct Primitives {
                float scale, float* scores, int64_t ss, float* row_max) = nullptr;
   // qk_t over fp16 K in place: key j's dim i at groups[j / 16][i * dim_stride + j % 16] (each
   // group's 16 keys contiguous per dim: the cache's transposed blocks). Bit-identical to
-  // staging it with f16_to_f32 and calling qk_t.
+  // staging it with f16_to_f32 and calling qk_t. Every group must hold 16 readable positions
+  // per dim, also past key n (a kernel may load them; their lanes are dropped): true of any
+  // 16-aligned group inside a cache block of a multiple of 16 positions. qk_t likewise reads
+  // whole vectors of kt: kts must cover n rounded up to 16.
+  // For both, row_max is the maximum of scores that are not NaN (a NaN may or may not win).
   void (*qk_t_f16)(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
                    int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
                    float* row_max) = nullptr;

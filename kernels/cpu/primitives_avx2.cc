@@ -459,10 +459,11 @@ KVMESH_AVX2 inline __m128i Load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
 
-// ahead: the next group, whose bytes this pass asks for a few lines per block: pass `pass` of
-// `passes` over the group takes its share, so the whole group's lines are spread evenly over
-// every pass (asked for at once, in the first pass only, they overrun the core's miss buffers
-// when the group streams from memory).
+// ahead: the next group, whose lines this pass asks for a few per block: its bytes are cut into
+// passes * nb equal shares, share k for block k % nb of pass k / nb, each line asked for once
+// (by the share its start falls in), so the group's lines are spread evenly over every pass
+// (asked for at once, in the first pass only, they overran the core's miss buffers when the
+// group streams from memory).
 template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
                             int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
@@ -472,14 +473,26 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
   constexpr int kScales = kMin ? 64 : 32;
   __m256 acc[N], mins[N];
   for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();
+  // Share k is bytes [k * size / shares, (k + 1) * size / shares): its end kept as quotient and
+  // remainder, stepped without a division per block.
+  const int64_t size = nb * kGroupBlock, shares = passes * nb;
+  const int64_t step = size / shares, step_rem = size % shares;
+  const auto base = reinterpret_cast<uintptr_t>(ahead);
+  int64_t end = pass * nb * size / shares, end_rem = pass * nb * size % shares;
+  if (ahead != nullptr && pass == 0) _mm_prefetch(reinterpret_cast<const char*>(base), _MM_HINT_T0);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kGroupBlock;
     const uint8_t* q = blk + kScales + 16 * half;
     if (ahead != nullptr) {
-      const int64_t at = pass * nb + b;
-      for (int64_t l = at * kGroupBlock / passes & ~int64_t{63};
-           l < (at + 1) * kGroupBlock / passes; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + l), _MM_HINT_T0);
+      const int64_t begin = end;
+      end += step;
+      end_rem += step_rem;
+      if (end_rem >= shares) {
+        ++end;
+        end_rem -= shares;
+      }
+      for (uintptr_t l = (base + begin + 63) & ~uintptr_t{63}; l < base + end; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
       }
     }
     const BlockA16* ab[N];

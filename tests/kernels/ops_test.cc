@@ -532,7 +532,7 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   // q.k over transposed K: one fused chain per key in dim order, the same bits on every ISA.
   const auto kt = Randn(64 * 64, 21), qv = Randn(5 * 64, 22);
   for (int64_t G : {1, 2, 3, 4, 5}) {
-    for (int64_t n : {1, 5, 16, 24, 33, 47, 64}) {
+    for (int64_t n : {1, 5, 8, 16, 24, 29, 33, 40, 47, 56, 63, 64}) {
       std::vector<float> got(G * 64, -1.0f), want(G * 64, -1.0f), got_max(G), want_max(G);
       p.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, got.data(), 64, got_max.data());
       ref.qk_t(qv.data(), G, 64, kt.data(), 64, n, 0.125f, want.data(), 64, want_max.data());
