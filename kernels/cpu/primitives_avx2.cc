@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/packed.h"
 
 #define KVMESH_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVMESH_AVX2_INLINE KVMESH_AVX2 __attribute__((always_inline)) inline
 
 namespace kvmesh::kernels::cpu {
 namespace {
@@ -446,9 +449,10 @@ KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
   }
 }
 
-// Packed 16-row groups (kernels/packed.h), one half of the group (8 rows, one register of
-// int32/fp32 lanes) at a time: AVX2 has 16 registers. VPMADDWD sums each element pair into its
-// row's lane; the fp32 steps are PackedTileReference's, lane for lane (same bits).
+// Packed 16-row groups (kernels/packed.h): a register of 8 int32 / fp32 lanes holds one 8-row
+// half of the group. VPMADDWD sums each element pair into its row's lane (an exact int32 dot
+// product, however it is ordered); the fp32 steps are PackedTileReference's, lane for lane
+// (same bits).
 KVMESH_AVX2 inline __m256i Broadcast32(const int16_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -459,84 +463,283 @@ KVMESH_AVX2 inline __m128i Load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
 
-// ahead: the next group, whose lines this pass asks for a few per block: its bytes are cut into
-// passes * nb equal shares, share k for block k % nb of pass k / nb, each line asked for once
-// (by the share its start falls in), so the group's lines are spread evenly over every pass
-// (asked for at once, in the first pass only, they overran the core's miss buffers when the
-// group streams from memory).
+// The pass's share of the next group's lines (`ahead`): its bytes are cut into passes * nb
+// equal shares, share k for block k % nb of pass k / nb, each line asked for once (by the share
+// its start falls in), so the group's lines are spread evenly over every pass (asked for at
+// once, in the first pass only, they overran the core's miss buffers when the group streams
+// from memory). Share k's end is kept as quotient and remainder, stepped without a division
+// per block.
+class AheadShares {
+ public:
+  AheadShares(const uint8_t* ahead, int64_t size, int64_t nb, int64_t pass, int64_t passes)
+      : base_(reinterpret_cast<uintptr_t>(ahead)),
+        shares_(passes * nb),
+        step_(size / shares_),
+        step_rem_(size % shares_),
+        end_(pass * nb * size / shares_),
+        end_rem_(pass * nb * size % shares_) {
+    if (ahead != nullptr && pass == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(base_), _MM_HINT_T0);
+    }
+  }
+  // Asks for the next block's share.
+  KVMESH_AVX2 void Next() {
+    if (base_ == 0) return;
+    const int64_t begin = end_;
+    end_ += step_;
+    end_rem_ += step_rem_;
+    if (end_rem_ >= shares_) {
+      ++end_;
+      end_rem_ -= shares_;
+    }
+    for (uintptr_t l = (base_ + begin + 63) & ~uintptr_t{63}; l < base_ + end_; l += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
+    }
+  }
+
+ private:
+  uintptr_t base_;
+  int64_t shares_, step_, step_rem_, end_, end_rem_;
+};
+
+// The int32 sums of a whole group (both 8-row halves, h) for 4 tokens (t): s[h][t].
+struct Sums4 {
+  __m256i s00, s01, s02, s03, s10, s11, s12, s13;
+};
+
+// The 4-token steps of the packed kernel in assembly: GCC's allocation of the 8 sums, 4 weight
+// vectors and 2 temporaries spilled (16 registers). Tokens' blocks are at a0, a0 + st,
+// a0 + 2 st and a3 (bytes); each step reads broadcast activation pairs at offset `ao` of them.
+// First: the block's first step, which writes the sums instead of adding to them.
+constexpr int kQsOffset = offsetof(BlockA16, qs);
+// clang-format off
+#define KVMESH_TOKENS4(TOKEN)                                                    \
+  TOKEN("(%[a0])", s00, s10) TOKEN("(%[a0],%[st],1)", s01, s11)                  \
+  TOKEN("(%[a0],%[st],2)", s02, s12) TOKEN("(%[a3])", s03, s13)
+#define KVMESH_SUMS4_OUT(C)                                                      \
+  [s00] C(s00), [s01] C(s01), [s02] C(s02), [s03] C(s03),                        \
+  [s10] C(s10), [s11] C(s11), [s12] C(s12), [s13] C(s13)
+// The sums as separate variables (a struct's members would be stored back after every step).
+#define KVMESH_SUMS4_PARAMS                                                      \
+  __m256i &s00, __m256i &s01, __m256i &s02, __m256i &s03,                        \
+  __m256i &s10, __m256i &s11, __m256i &s12, __m256i &s13
+#define KVMESH_SUMS4_ARGS s00, s01, s02, s03, s10, s11, s12, s13
+
+// Q4_0 / Q4_1 step p (elements 4p..4p+3 of 16 rows): the chunk's bytes as int16, their low
+// nibbles (elements 4p, 4p + 1 of each row) and high ones (4p + 2, 4p + 3); each broadcast
+// activation pair is multiplied into both halves.
+#define KVMESH_Q4_UNPACK                                                         \
+  "vpmovzxbw %c[qo](%[q]), %[hi0]\n\t"                                           \
+  "vpmovzxbw 16+%c[qo](%[q]), %[hi1]\n\t"                                        \
+  "vpand %[m], %[hi0], %[lo0]\n\t"                                               \
+  "vpsrlw $4, %[hi0], %[hi0]\n\t"                                                \
+  "vpand %[m], %[hi1], %[lo1]\n\t"                                               \
+  "vpsrlw $4, %[hi1], %[hi1]\n\t"
+#define KVMESH_Q4_PAIR(A, W0, W1, S0, S1, OFF)                                   \
+  "vpbroadcastd " OFF "+%c[ao]" A ", %[x]\n\t"                                   \
+  "vpmaddwd %[x], %[" #W0 "], %[y]\n\t"                                          \
+  "vpaddd %[y], %[" #S0 "], %[" #S0 "]\n\t"                                      \
+  "vpmaddwd %[x], %[" #W1 "], %[x]\n\t"                                          \
+  "vpaddd %[x], %[" #S1 "], %[" #S1 "]\n\t"
+#define KVMESH_Q4_TOKEN(A, S0, S1)                                               \
+  KVMESH_Q4_PAIR(A, lo0, lo1, S0, S1, "0") KVMESH_Q4_PAIR(A, hi0, hi1, S0, S1, "4")
+#define KVMESH_Q4_TOKEN_FIRST(A, S0, S1)                                         \
+  "vpbroadcastd %c[ao]" A ", %[x]\n\t"                                           \
+  "vpmaddwd %[x], %[lo0], %[" #S0 "]\n\t"                                        \
+  "vpmaddwd %[x], %[lo1], %[" #S1 "]\n\t"                                        \
+  KVMESH_Q4_PAIR(A, hi0, hi1, S0, S1, "4")
+// clang-format on
+
+template <int P, bool First>
+KVMESH_AVX2_INLINE void Q4Step4(const uint8_t* q, const BlockA16* a0, int64_t st,
+                                const BlockA16* a3, __m256i mask, KVMESH_SUMS4_PARAMS) {
+  __m256i lo0, hi0, lo1, hi1, x, y;
+  if constexpr (First) {
+    asm(KVMESH_Q4_UNPACK KVMESH_TOKENS4(KVMESH_Q4_TOKEN_FIRST)
+        : KVMESH_SUMS4_OUT("=&x"), [lo0] "=&x"(lo0), [hi0] "=&x"(hi0), [lo1] "=&x"(lo1),
+          [hi1] "=&x"(hi1), [x] "=&x"(x), [y] "=&x"(y)
+        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [m] "x"(mask), [qo] "i"(32 * P),
+          [ao] "i"(kQsOffset + 8 * P)
+        : "memory");
+  } else {
+    asm(KVMESH_Q4_UNPACK KVMESH_TOKENS4(KVMESH_Q4_TOKEN)
+        : KVMESH_SUMS4_OUT("+x"), [lo0] "=&x"(lo0), [hi0] "=&x"(hi0), [lo1] "=&x"(lo1),
+          [hi1] "=&x"(hi1), [x] "=&x"(x), [y] "=&x"(y)
+        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [m] "x"(mask), [qo] "i"(32 * P),
+          [ao] "i"(kQsOffset + 8 * P)
+        : "memory");
+  }
+}
+
+// Q8_0 step k (elements 2k, 2k + 1 of 16 rows).
+// clang-format off
+#define KVMESH_Q8_UNPACK                                                         \
+  "vpmovsxbw %c[qo](%[q]), %[w0]\n\t"                                            \
+  "vpmovsxbw 16+%c[qo](%[q]), %[w1]\n\t"
+#define KVMESH_Q8_TOKEN(A, S0, S1)                                               \
+  "vpbroadcastd %c[ao]" A ", %[x]\n\t"                                           \
+  "vpmaddwd %[x], %[w0], %[y]\n\t"                                               \
+  "vpaddd %[y], %[" #S0 "], %[" #S0 "]\n\t"                                      \
+  "vpmaddwd %[x], %[w1], %[x]\n\t"                                               \
+  "vpaddd %[x], %[" #S1 "], %[" #S1 "]\n\t"
+#define KVMESH_Q8_TOKEN_FIRST(A, S0, S1)                                         \
+  "vpbroadcastd %c[ao]" A ", %[x]\n\t"                                           \
+  "vpmaddwd %[x], %[w0], %[" #S0 "]\n\t"                                         \
+  "vpmaddwd %[x], %[w1], %[" #S1 "]\n\t"
+// clang-format on
+
+template <int K, bool First>
+KVMESH_AVX2_INLINE void Q8Step4(const uint8_t* q, const BlockA16* a0, int64_t st,
+                                const BlockA16* a3, KVMESH_SUMS4_PARAMS) {
+  __m256i w0, w1, x, y;
+  if constexpr (First) {
+    asm(KVMESH_Q8_UNPACK KVMESH_TOKENS4(KVMESH_Q8_TOKEN_FIRST)
+        : KVMESH_SUMS4_OUT("=&x"), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [y] "=&x"(y)
+        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [qo] "i"(32 * K),
+          [ao] "i"(kQsOffset + 4 * K)
+        : "memory");
+  } else {
+    asm(KVMESH_Q8_UNPACK KVMESH_TOKENS4(KVMESH_Q8_TOKEN)
+        : KVMESH_SUMS4_OUT("+x"), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [y] "=&x"(y)
+        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [qo] "i"(32 * K),
+          [ao] "i"(kQsOffset + 4 * K)
+        : "memory");
+  }
+}
+
+template <int... P>
+KVMESH_AVX2_INLINE void Q4Steps4(const uint8_t* q, const BlockA16* a0, int64_t st,
+                                 const BlockA16* a3, __m256i mask, KVMESH_SUMS4_PARAMS,
+                                 std::integer_sequence<int, P...>) {
+  (Q4Step4<P, P == 0>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS), ...);
+}
+template <int... K>
+KVMESH_AVX2_INLINE void Q8Steps4(const uint8_t* q, const BlockA16* a0, int64_t st,
+                                 const BlockA16* a3, KVMESH_SUMS4_PARAMS,
+                                 std::integer_sequence<int, K...>) {
+  (Q8Step4<K, K == 0>(q, a0, st, a3, KVMESH_SUMS4_ARGS), ...);
+}
+
+// A block's int32 sums for 4 tokens, both halves.
+template <DType T>
+KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_t st,
+                                    const BlockA16* a3) {
+  __m256i s00, s01, s02, s03, s10, s11, s12, s13;
+  if constexpr (T == DType::kQ8_0) {
+    Q8Steps4(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 16>{});
+  } else {
+    const __m256i mask = _mm256_set1_epi16(15);
+    Q4Steps4(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
+    if constexpr (T == DType::kQ4_0) {
+      // sum (w - 8) a = sum w a - 8 sum a, exactly in int32.
+      const BlockA16* ab[4] = {
+          a0, reinterpret_cast<const BlockA16*>(reinterpret_cast<const char*>(a0) + st),
+          reinterpret_cast<const BlockA16*>(reinterpret_cast<const char*>(a0) + 2 * st), a3};
+      __m256i* s0[4] = {&s00, &s01, &s02, &s03};
+      __m256i* s1[4] = {&s10, &s11, &s12, &s13};
+      for (int t = 0; t < 4; ++t) {
+        const __m256i off = _mm256_set1_epi32(8 * ab[t]->sum);
+        *s0[t] = _mm256_sub_epi32(*s0[t], off);
+        *s1[t] = _mm256_sub_epi32(*s1[t], off);
+      }
+    }
+  }
+  return {s00, s01, s02, s03, s10, s11, s12, s13};
+}
+
+// A whole group (both 8-row halves) against N tokens: each broadcast activation pair feeds
+// both halves' multiply-adds. On Zen 3 a broadcast costs about as much issue bandwidth as the
+// VPMADDWD it feeds (one broadcast per multiply-add: ~1 VPMADDWD per cycle; one per two:
+// ~1.2-1.6), and the 2 x N int32 sums leave no registers for the fp32 accumulators: those
+// live in L1 (touched once per block), and the Q4_1 minimums are summed in a second pass over
+// the group's scales (fma in block order, as the reference). N = 4 runs the assembly steps.
 template <DType T, int N>
-KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
-                            int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
-                            int64_t pass, int64_t passes) {
+KVMESH_AVX2 void PackedGroup(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
+                             float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
+                             int64_t passes) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
-  __m256 acc[N], mins[N];
-  for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();
-  // Share k is bytes [k * size / shares, (k + 1) * size / shares): its end kept as quotient and
-  // remainder, stepped without a division per block.
-  const int64_t size = nb * kGroupBlock, shares = passes * nb;
-  const int64_t step = size / shares, step_rem = size % shares;
-  const auto base = reinterpret_cast<uintptr_t>(ahead);
-  int64_t end = pass * nb * size / shares, end_rem = pass * nb * size % shares;
-  if (ahead != nullptr && pass == 0) _mm_prefetch(reinterpret_cast<const char*>(base), _MM_HINT_T0);
+  alignas(32) float acc[N][16] = {};
+  AheadShares shares(ahead, nb * kGroupBlock, nb, pass, passes);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kGroupBlock;
-    const uint8_t* q = blk + kScales + 16 * half;
-    if (ahead != nullptr) {
-      const int64_t begin = end;
-      end += step;
-      end_rem += step_rem;
-      if (end_rem >= shares) {
-        ++end;
-        end_rem -= shares;
-      }
-      for (uintptr_t l = (base + begin + 63) & ~uintptr_t{63}; l < base + end; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T0);
-      }
-    }
+    const uint8_t* q = blk + kScales;
+    shares.Next();
     const BlockA16* ab[N];
-    __m256i s[N];
-    for (int t = 0; t < N; ++t) {
-      ab[t] = a + t * a_stride + b;
-      s[t] = _mm256_setzero_si256();
-    }
-    if constexpr (kQ8) {
-      for (int k = 0; k < 16; ++k) {
-        const __m256i w = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
-        for (int t = 0; t < N; ++t) {
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(w, Broadcast32(ab[t]->qs + 2 * k)));
-        }
-      }
+    __m256i s0[N], s1[N];
+    for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
+    if constexpr (N == 4) {
+      const Sums4 u =
+          BlockSums4<T>(q, ab[0], a_stride * static_cast<int64_t>(sizeof(BlockA16)), ab[3]);
+      s0[0] = u.s00, s0[1] = u.s01, s0[2] = u.s02, s0[3] = u.s03;
+      s1[0] = u.s10, s1[1] = u.s11, s1[2] = u.s12, s1[3] = u.s13;
     } else {
-      for (int p = 0; p < 8; ++p) {
-        const __m256i v = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
-        __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15));
-        __m256i hi = _mm256_srli_epi16(v, 4);
-        if constexpr (T == DType::kQ4_0) {
-          lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
-          hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+      for (int t = 0; t < N; ++t) s0[t] = s1[t] = _mm256_setzero_si256();
+      if constexpr (kQ8) {
+        for (int k = 0; k < 16; ++k) {
+          const __m256i w0 = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
+          const __m256i w1 = _mm256_cvtepi8_epi16(Load16(q + 32 * k + 16));
+          for (int t = 0; t < N; ++t) {
+            const __m256i x = Broadcast32(ab[t]->qs + 2 * k);
+            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(w0, x));
+            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(w1, x));
+          }
         }
-        for (int t = 0; t < N; ++t) {
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(lo, Broadcast32(ab[t]->qs + 4 * p)));
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(hi, Broadcast32(ab[t]->qs + 4 * p + 2)));
+      } else {
+        for (int p = 0; p < 8; ++p) {
+          const __m256i v0 = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
+          const __m256i v1 = _mm256_cvtepu8_epi16(Load16(q + 32 * p + 16));
+          const __m256i lo0 = _mm256_and_si256(v0, _mm256_set1_epi16(15));
+          const __m256i hi0 = _mm256_srli_epi16(v0, 4);
+          const __m256i lo1 = _mm256_and_si256(v1, _mm256_set1_epi16(15));
+          const __m256i hi1 = _mm256_srli_epi16(v1, 4);
+          for (int t = 0; t < N; ++t) {
+            const __m256i x = Broadcast32(ab[t]->qs + 4 * p);
+            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(lo0, x));
+            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(lo1, x));
+            const __m256i y = Broadcast32(ab[t]->qs + 4 * p + 2);
+            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(hi0, y));
+            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(hi1, y));
+          }
+        }
+        if constexpr (T == DType::kQ4_0) {
+          for (int t = 0; t < N; ++t) {
+            const __m256i off = _mm256_set1_epi32(8 * ab[t]->sum);
+            s0[t] = _mm256_sub_epi32(s0[t], off);
+            s1[t] = _mm256_sub_epi32(s1[t], off);
+          }
         }
       }
     }
-    const __m256 dw = _mm256_cvtph_ps(Load16(blk + 16 * half));
+    const __m256 dw0 = _mm256_cvtph_ps(Load16(blk));
+    const __m256 dw1 = _mm256_cvtph_ps(Load16(blk + 16));
     for (int t = 0; t < N; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(ab[t]->d)),
-                               dw, acc[t]);
+      const __m256 ad = _mm256_set1_ps(ab[t]->d);
+      _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0[t]), ad), dw0,
+                                              _mm256_load_ps(acc[t])));
+      _mm256_store_ps(acc[t] + 8, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1[t]), ad), dw1,
+                                                  _mm256_load_ps(acc[t] + 8)));
     }
-    if constexpr (kMin) {
-      const __m256 m = _mm256_cvtph_ps(Load16(blk + 32 + 16 * half));
+  }
+  __m256 mins0[N], mins1[N];
+  for (int t = 0; t < N; ++t) mins0[t] = mins1[t] = _mm256_setzero_ps();
+  if constexpr (kMin) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = group + b * kGroupBlock;
+      const __m256 m0 = _mm256_cvtph_ps(Load16(blk + 32));
+      const __m256 m1 = _mm256_cvtph_ps(Load16(blk + 48));
       for (int t = 0; t < N; ++t) {
-        mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->dsum), mins[t]);
+        const __m256 ds = _mm256_set1_ps(a[t * a_stride + b].dsum);
+        mins0[t] = _mm256_fmadd_ps(m0, ds, mins0[t]);
+        mins1[t] = _mm256_fmadd_ps(m1, ds, mins1[t]);
       }
     }
   }
   for (int t = 0; t < N; ++t) {
-    _mm256_storeu_ps(out + t * ldo + 8 * half, kMin ? _mm256_add_ps(acc[t], mins[t]) : acc[t]);
+    const __m256 r0 = _mm256_load_ps(acc[t]), r1 = _mm256_load_ps(acc[t] + 8);
+    _mm256_storeu_ps(out + t * ldo, kMin ? _mm256_add_ps(r0, mins0[t]) : r0);
+    _mm256_storeu_ps(out + t * ldo + 8, kMin ? _mm256_add_ps(r1, mins1[t]) : r1);
   }
 }
 
@@ -544,22 +747,19 @@ template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
                               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
   constexpr int kChunk = 4;
-  using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t,
+  using Tail = void (*)(const uint8_t*, int64_t, const BlockA16*, int64_t, float*, int64_t,
                         const uint8_t*, int64_t, int64_t);
-  static constexpr Tail kTail[kChunk] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>,
-                                         PackedHalf<T, 3>};
-  const int64_t passes = 2 * ((tokens + kChunk - 1) / kChunk);
-  int64_t pass = 0;
-  for (int half = 0; half < 2; ++half) {
-    int64_t t = 0;
-    for (; t + kChunk <= tokens; t += kChunk) {
-      PackedHalf<T, kChunk>(group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                            next_group, pass++, passes);
-    }
-    if (t < tokens) {
-      kTail[tokens - t](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group,
-                        pass++, passes);
-    }
+  static constexpr Tail kTail[kChunk] = {nullptr, PackedGroup<T, 1>, PackedGroup<T, 2>,
+                                         PackedGroup<T, 3>};
+  const int64_t passes = (tokens + kChunk - 1) / kChunk;
+  int64_t pass = 0, t = 0;
+  for (; t + kChunk <= tokens; t += kChunk) {
+    PackedGroup<T, kChunk>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group,
+                           pass++, passes);
+  }
+  if (t < tokens) {
+    kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group, pass,
+                      passes);
   }
 }
 

@@ -156,8 +156,16 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
 TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
   ThreadPool pool(2);
   const MatMulCase cases[] = {
-      {DType::kQ4_1, 37, 576, 13}, {DType::kQ4_1, 16, 64, 1},   {DType::kQ4_0, 48, 96, 9},
-      {DType::kQ8_0, 35, 160, 17}, {DType::kQ4_1, 64, 1536, 8}, {DType::kQ8_0, 16, 32, 3},
+      {DType::kQ4_1, 37, 576, 13},
+      {DType::kQ4_1, 16, 64, 1},
+      {DType::kQ4_0, 48, 96, 9},
+      {DType::kQ8_0, 35, 160, 17},
+      {DType::kQ4_1, 64, 1536, 8},
+      {DType::kQ8_0, 16, 32, 3},
+      // Every tail after the 4-token steps: 2 (Q4_1, Q8_0) and 3 (Q4_0).
+      {DType::kQ4_1, 32, 128, 6},
+      {DType::kQ8_0, 32, 64, 6},
+      {DType::kQ4_0, 16, 64, 7},
   };
   for (const MatMulCase& c : cases) {
     const std::string name = std::string(TraitsOf(c.type).name) + " " + std::to_string(c.rows) +
