@@ -647,17 +647,18 @@ KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_
   return {s00, s01, s02, s03, s10, s11, s12, s13};
 }
 
-// A whole group (both 8-row halves) against N tokens: each broadcast activation pair feeds
+// A whole group (both 8-row halves) against 4 tokens: each broadcast activation pair feeds
 // both halves' multiply-adds. On Zen 3 a broadcast costs about as much issue bandwidth as the
 // VPMADDWD it feeds (one broadcast per multiply-add: ~1 VPMADDWD per cycle; one per two:
-// ~1.2-1.6), and the 2 x N int32 sums leave no registers for the fp32 accumulators: those
+// ~1.2-1.6), and the 8 int32 sums leave no registers for the fp32 accumulators: those
 // live in L1 (touched once per block), and the Q4_1 minimums are summed in a second pass over
-// the group's scales (fma in block order, as the reference). N = 4 runs the assembly steps.
-template <DType T, int N>
-KVMESH_AVX2 void PackedGroup(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
-                             float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
-                             int64_t passes) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+// the group's scales (fma in block order, as the reference).
+template <DType T>
+KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
+                              float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
+                              int64_t passes) {
+  constexpr int N = 4;
+  constexpr bool kMin = T == DType::kQ4_1;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
   alignas(32) float acc[N][16] = {};
@@ -667,51 +668,10 @@ KVMESH_AVX2 void PackedGroup(const uint8_t* group, int64_t nb, const BlockA16* a
     const uint8_t* q = blk + kScales;
     shares.Next();
     const BlockA16* ab[N];
-    __m256i s0[N], s1[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
-    if constexpr (N == 4) {
-      const Sums4 u =
-          BlockSums4<T>(q, ab[0], a_stride * static_cast<int64_t>(sizeof(BlockA16)), ab[3]);
-      s0[0] = u.s00, s0[1] = u.s01, s0[2] = u.s02, s0[3] = u.s03;
-      s1[0] = u.s10, s1[1] = u.s11, s1[2] = u.s12, s1[3] = u.s13;
-    } else {
-      for (int t = 0; t < N; ++t) s0[t] = s1[t] = _mm256_setzero_si256();
-      if constexpr (kQ8) {
-        for (int k = 0; k < 16; ++k) {
-          const __m256i w0 = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
-          const __m256i w1 = _mm256_cvtepi8_epi16(Load16(q + 32 * k + 16));
-          for (int t = 0; t < N; ++t) {
-            const __m256i x = Broadcast32(ab[t]->qs + 2 * k);
-            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(w0, x));
-            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(w1, x));
-          }
-        }
-      } else {
-        for (int p = 0; p < 8; ++p) {
-          const __m256i v0 = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
-          const __m256i v1 = _mm256_cvtepu8_epi16(Load16(q + 32 * p + 16));
-          const __m256i lo0 = _mm256_and_si256(v0, _mm256_set1_epi16(15));
-          const __m256i hi0 = _mm256_srli_epi16(v0, 4);
-          const __m256i lo1 = _mm256_and_si256(v1, _mm256_set1_epi16(15));
-          const __m256i hi1 = _mm256_srli_epi16(v1, 4);
-          for (int t = 0; t < N; ++t) {
-            const __m256i x = Broadcast32(ab[t]->qs + 4 * p);
-            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(lo0, x));
-            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(lo1, x));
-            const __m256i y = Broadcast32(ab[t]->qs + 4 * p + 2);
-            s0[t] = _mm256_add_epi32(s0[t], _mm256_madd_epi16(hi0, y));
-            s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(hi1, y));
-          }
-        }
-        if constexpr (T == DType::kQ4_0) {
-          for (int t = 0; t < N; ++t) {
-            const __m256i off = _mm256_set1_epi32(8 * ab[t]->sum);
-            s0[t] = _mm256_sub_epi32(s0[t], off);
-            s1[t] = _mm256_sub_epi32(s1[t], off);
-          }
-        }
-      }
-    }
+    const Sums4 u =
+        BlockSums4<T>(q, ab[0], a_stride * static_cast<int64_t>(sizeof(BlockA16)), ab[3]);
+    const __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
     const __m256 dw0 = _mm256_cvtph_ps(Load16(blk));
     const __m256 dw1 = _mm256_cvtph_ps(Load16(blk + 16));
     for (int t = 0; t < N; ++t) {
@@ -743,23 +703,83 @@ KVMESH_AVX2 void PackedGroup(const uint8_t* group, int64_t nb, const BlockA16* a
   }
 }
 
+// One 8-row half of a group against N < 4 tokens (the tail after the 4-token passes, and
+// decode of up to 3 sequences, where the weights stream from memory): the sums, fp32
+// accumulators and minimums of N tokens stay in registers.
+template <DType T, int N>
+KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
+                            int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
+                            int64_t pass, int64_t passes) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  constexpr int kScales = kMin ? 64 : 32;
+  __m256 acc[N], mins[N];
+  for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();
+  AheadShares shares(ahead, nb * kGroupBlock, nb, pass, passes);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlock;
+    const uint8_t* q = blk + kScales + 16 * half;
+    shares.Next();
+    const BlockA16* ab[N];
+    __m256i s[N];
+    for (int t = 0; t < N; ++t) {
+      ab[t] = a + t * a_stride + b;
+      s[t] = _mm256_setzero_si256();
+    }
+    if constexpr (kQ8) {
+      for (int k = 0; k < 16; ++k) {
+        const __m256i w = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
+        for (int t = 0; t < N; ++t) {
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(w, Broadcast32(ab[t]->qs + 2 * k)));
+        }
+      }
+    } else {
+      for (int p = 0; p < 8; ++p) {
+        const __m256i v = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
+        __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15));
+        __m256i hi = _mm256_srli_epi16(v, 4);
+        if constexpr (T == DType::kQ4_0) {
+          lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
+          hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+        }
+        for (int t = 0; t < N; ++t) {
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(lo, Broadcast32(ab[t]->qs + 4 * p)));
+          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(hi, Broadcast32(ab[t]->qs + 4 * p + 2)));
+        }
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(Load16(blk + 16 * half));
+    for (int t = 0; t < N; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(ab[t]->d)),
+                               dw, acc[t]);
+    }
+    if constexpr (kMin) {
+      const __m256 m = _mm256_cvtph_ps(Load16(blk + 32 + 16 * half));
+      for (int t = 0; t < N; ++t) {
+        mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->dsum), mins[t]);
+      }
+    }
+  }
+  for (int t = 0; t < N; ++t) {
+    _mm256_storeu_ps(out + t * ldo + 8 * half, kMin ? _mm256_add_ps(acc[t], mins[t]) : acc[t]);
+  }
+}
+
 template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
                               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
-  constexpr int kChunk = 4;
-  using Tail = void (*)(const uint8_t*, int64_t, const BlockA16*, int64_t, float*, int64_t,
+  using Tail = void (*)(const uint8_t*, int, int64_t, const BlockA16*, int64_t, float*, int64_t,
                         const uint8_t*, int64_t, int64_t);
-  static constexpr Tail kTail[kChunk] = {nullptr, PackedGroup<T, 1>, PackedGroup<T, 2>,
-                                         PackedGroup<T, 3>};
-  const int64_t passes = (tokens + kChunk - 1) / kChunk;
+  static constexpr Tail kTail[4] = {nullptr, PackedHalf<T, 1>, PackedHalf<T, 2>, PackedHalf<T, 3>};
+  const int64_t rest = tokens % 4, passes = tokens / 4 + (rest > 0 ? 2 : 0);
   int64_t pass = 0, t = 0;
-  for (; t + kChunk <= tokens; t += kChunk) {
-    PackedGroup<T, kChunk>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group,
-                           pass++, passes);
+  for (; t + 4 <= tokens; t += 4) {
+    PackedGroup4<T>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group, pass++,
+                    passes);
   }
-  if (t < tokens) {
-    kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group, pass,
-                      passes);
+  for (int half = 0; rest > 0 && half < 2; ++half) {
+    kTail[rest](group, half, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group, pass++,
+                passes);
   }
 }
 
