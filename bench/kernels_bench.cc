@@ -27,6 +27,15 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
       blk[i].d = FloatToFp16(0.01f);
       blk[i].m = FloatToFp16(-0.08f);
     }
+  } else if (t == DType::kQ4_K) {
+    auto* blk = reinterpret_cast<BlockQ4_K*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ4_K); ++i) {
+      blk[i].d = FloatToFp16(0.001f);
+      blk[i].dmin = FloatToFp16(0.002f);
+    }
+  } else if (t == DType::kQ6_K) {
+    auto* blk = reinterpret_cast<BlockQ6_K*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) blk[i].d = FloatToFp16(0.001f);
   } else {  // Q8_0
     auto* blk = reinterpret_cast<BlockQ8_0*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ8_0); ++i) blk[i].d = FloatToFp16(0.01f);
@@ -72,6 +81,11 @@ BENCHMARK(BM_MatMulQ4_1)
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.
 BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();
+// K-quants (no packed form: the row-major dots) at a 7B model's 4096 x 4096, as in Q4_K_M files.
+void BM_MatMulQ4_K(benchmark::State& st) { BM_MatMul<DType::kQ4_K>(st); }
+void BM_MatMulQ6_K(benchmark::State& st) { BM_MatMul<DType::kQ6_K>(st); }
+BENCHMARK(BM_MatMulQ4_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMulQ6_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0}, {1}})->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.
 void BM_AttentionDecode(benchmark::State& st) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
+#include "kernels/cpu/q6_k_groups.h"
 #include "kernels/packed.h"
 
 #define KVMESH_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -76,6 +77,70 @@ KVMESH_AVX2 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) 
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qs + 16));
     const __m256i s = Madd32(_mm256_cvtepi8_epi16(q0), _mm256_cvtepi8_epi16(q1), y[i].qs);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(H2F(x[i].d) * y[i].d), _mm256_cvtepi32_ps(s), acc);
+  }
+  return HSum(acc);
+}
+
+// Q4_K: per 64 elements, 32 bytes of nibbles: the low nibbles are one activation block, the
+// high nibbles the next, each with its own 6-bit scale and min (as the AVX-512 dot, in 8-lane
+// halves).
+KVMESH_AVX2 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* qs = x[i].qs + 32 * c;
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16));
+      for (int half = 0; half < 2; ++half) {
+        const int j = 2 * c + half;
+        const BlockA16& a = y[i * 8 + j];
+        uint8_t sc, mn;
+        UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
+        const __m128i w0 =
+            half ? _mm_and_si128(_mm_srli_epi16(q0, 4), mask) : _mm_and_si128(q0, mask);
+        const __m128i w1 =
+            half ? _mm_and_si128(_mm_srli_epi16(q1, 4), mask) : _mm_and_si128(q1, mask);
+        const __m256i s = Madd32(_mm256_cvtepu8_epi16(w0), _mm256_cvtepu8_epi16(w1), a.qs);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc * a.d), _mm256_cvtepi32_ps(s), acc);
+        mins += dmin * mn * a.d * static_cast<float>(a.sum);
+      }
+    }
+  }
+  return HSum(acc) - mins;
+}
+
+// Q6_K: 6-bit values from 4 low bits (ql) and 2 high bits (qh), minus 32; a 16-element scale, so
+// an activation block's two 16-element halves take one scale each.
+KVMESH_AVX2 float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i bias = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = H2F(x[i].d);
+    for (int h = 0; h < 2; ++h) {
+      __m256i g[4];
+      Q6KGroups(x[i], h, g);
+      for (int k = 0; k < 4; ++k) {
+        const int b = h * 4 + k;  // activation block within the super-block
+        const BlockA16& a = y[i * 8 + b];
+        const __m256i w = _mm256_sub_epi8(g[k], bias);
+        const __m256i s0 =
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
+        const __m256i s1 =
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + 16)));
+        const __m256 da = _mm256_set1_ps(d * a.d);
+        acc = _mm256_fmadd_ps(
+            _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(x[i].scales[2 * b])), da),
+            _mm256_cvtepi32_ps(s0), acc);
+        acc = _mm256_fmadd_ps(
+            _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(x[i].scales[2 * b + 1])), da),
+            _mm256_cvtepi32_ps(s1), acc);
+      }
+    }
   }
   return HSum(acc);
 }
@@ -790,9 +855,8 @@ const Primitives& Avx2Primitives() {
       .q4_0_a16 = DotQ4_0A16,
       .q4_1_a16 = DotQ4_1A16,
       .q8_0_a16 = DotQ8_0A16,
-      // K-quants: the scalar integer dots (AVX-512 has vector ones).
-      .q4_k_a16 = ScalarPrimitives().q4_k_a16,
-      .q6_k_a16 = ScalarPrimitives().q6_k_a16,
+      .q4_k_a16 = DotQ4_KA16,
+      .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
       .packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
                                        PackedTileOf<DType::kQ8_0>>,

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/primitives.h"
+#include "kernels/cpu/q6_k_groups.h"
 #include "kernels/packed.h"
 
 #define KVMESH_AVX512 \
@@ -102,25 +103,12 @@ KVMESH_AVX512 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb
 // so an activation block's 16 int32 lanes take two scales (lanes 0-7 and 8-15).
 KVMESH_AVX512 float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
   __m512 acc = _mm512_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
   const __m256i bias = _mm256_set1_epi8(32);
   for (int64_t i = 0; i < nb / 8; ++i) {
     const float d = H2F(x[i].d);
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = x[i].ql + 64 * h;
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      // The four groups of 32 elements of this half, in element order.
       __m256i g[4];
-      g[0] =
-          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-      g[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-      g[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-      g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      Q6KGroups(x[i], h, g);
       for (int k = 0; k < 4; ++k) {
         const int b = h * 4 + k;  // activation block within the super-block
         const BlockA16& a = y[i * 8 + b];
