@@ -703,7 +703,8 @@ KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_
       __m256i* s0[4] = {&s00, &s01, &s02, &s03};
       __m256i* s1[4] = {&s10, &s11, &s12, &s13};
       for (int t = 0; t < 4; ++t) {
-        const __m256i off = _mm256_set1_epi32(8 * ab[t]->sum);
+        // The shift in a vector: a sum from non-finite activations must not overflow in C++.
+        const __m256i off = _mm256_slli_epi32(_mm256_set1_epi32(ab[t]->sum), 3);
         *s0[t] = _mm256_sub_epi32(*s0[t], off);
         *s1[t] = _mm256_sub_epi32(*s1[t], off);
       }

@@ -127,7 +127,8 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
       {DType::kQ4_1, 17, 576, 1}, {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
       {DType::kQ4_1, 37, 96, 9},  {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
       {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
-      {DType::kF16, 7, 40, 3},    {DType::kBF16, 11, 24, 2},   {DType::kF32, 19, 33, 5},
+      {DType::kQ6_K, 6, 768, 5},  {DType::kQ4_K, 4, 1024, 1},  {DType::kF16, 7, 40, 3},
+      {DType::kBF16, 11, 24, 2},  {DType::kF32, 19, 33, 5},
   };
   for (const MatMulCase& c : cases) {
     const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
@@ -162,18 +163,26 @@ TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
       {DType::kQ8_0, 35, 160, 17},
       {DType::kQ4_1, 64, 1536, 8},
       {DType::kQ8_0, 16, 32, 3},
-      // Every tail after the 4-token steps: 2 (Q4_1, Q8_0) and 3 (Q4_0).
+      // Every tail after the 4-token passes (1, 2 and 3 tokens) for every type.
       {DType::kQ4_1, 32, 128, 6},
       {DType::kQ8_0, 32, 64, 6},
       {DType::kQ4_0, 16, 64, 7},
+      {DType::kQ4_0, 32, 64, 6},
+      {DType::kQ4_1, 16, 64, 7},
   };
   for (const MatMulCase& c : cases) {
     const std::string name = std::string(TraitsOf(c.type).name) + " " + std::to_string(c.rows) +
                              "x" + std::to_string(c.cols) + " tokens=" + std::to_string(c.tokens);
     const auto w = RandomWeights(c.type, c.rows, c.cols, 3 * c.rows + c.cols);
-    // Activations spanning the int16 range, with one block of extremes.
+    // Activations spanning the int16 range, with one block of extremes in each of the first 4
+    // tokens (every position of a 4-token pass), at a different block per token.
     auto x = Randn(c.tokens * c.cols, 5 + c.tokens, 4.0f);
-    for (int64_t k = 0; k < kQK; ++k) x[k] = (k % 2 ? -1.0f : 1.0f) * 1e3f;
+    const int64_t nb_x = c.cols / kQK;
+    for (int64_t t = 0; t < std::min<int64_t>(4, c.tokens); ++t) {
+      for (int64_t k = 0; k < kQK; ++k) {
+        x[t * c.cols + (t % nb_x) * kQK + k] = ((k + t) % 2 ? -1.0f : 1.0f) * 1e3f;
+      }
+    }
     const WeightMatrix plain{c.type, w.data(), c.rows, c.cols,
                              static_cast<size_t>(RowBytes(c.type, c.cols))};
     std::vector<uint8_t> storage;
