@@ -615,24 +615,24 @@ constexpr int kQsOffset = offsetof(BlockA16, qs);
   KVMESH_Q4_PAIR(A, hi0, hi1, S0, S1, "4")
 // clang-format on
 
+// One step's asm statement: TOKEN is the first step's or a later one's, SUMS the sums'
+// constraint ("=&x": written; "+x": added to).
+#define KVMESH_Q4_STEP(TOKEN, SUMS)                                                            \
+  asm(KVMESH_Q4_UNPACK KVMESH_TOKENS4(TOKEN)                                                   \
+      : KVMESH_SUMS4_OUT(SUMS), [lo0] "=&x"(lo0), [hi0] "=&x"(hi0), [lo1] "=&x"(lo1),          \
+        [hi1] "=&x"(hi1), [x] "=&x"(x), [y] "=&x"(y)                                           \
+      : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [m] "x"(mask), [qo] "i"(32 * P), \
+        [ao] "i"(kQsOffset + 8 * P)                                                            \
+      : "memory")
+
 template <int P, bool First>
 KVMESH_AVX2_INLINE void Q4Step4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                 const BlockA16* a3, __m256i mask, KVMESH_SUMS4_PARAMS) {
   __m256i lo0, hi0, lo1, hi1, x, y;
   if constexpr (First) {
-    asm(KVMESH_Q4_UNPACK KVMESH_TOKENS4(KVMESH_Q4_TOKEN_FIRST)
-        : KVMESH_SUMS4_OUT("=&x"), [lo0] "=&x"(lo0), [hi0] "=&x"(hi0), [lo1] "=&x"(lo1),
-          [hi1] "=&x"(hi1), [x] "=&x"(x), [y] "=&x"(y)
-        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [m] "x"(mask), [qo] "i"(32 * P),
-          [ao] "i"(kQsOffset + 8 * P)
-        : "memory");
+    KVMESH_Q4_STEP(KVMESH_Q4_TOKEN_FIRST, "=&x");
   } else {
-    asm(KVMESH_Q4_UNPACK KVMESH_TOKENS4(KVMESH_Q4_TOKEN)
-        : KVMESH_SUMS4_OUT("+x"), [lo0] "=&x"(lo0), [hi0] "=&x"(hi0), [lo1] "=&x"(lo1),
-          [hi1] "=&x"(hi1), [x] "=&x"(x), [y] "=&x"(y)
-        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [m] "x"(mask), [qo] "i"(32 * P),
-          [ao] "i"(kQsOffset + 8 * P)
-        : "memory");
+    KVMESH_Q4_STEP(KVMESH_Q4_TOKEN, "+x");
   }
 }
 
@@ -653,22 +653,21 @@ KVMESH_AVX2_INLINE void Q4Step4(const uint8_t* q, const BlockA16* a0, int64_t st
   "vpmaddwd %[x], %[w1], %[" #S1 "]\n\t"
 // clang-format on
 
+#define KVMESH_Q8_STEP(TOKEN, SUMS)                                                        \
+  asm(KVMESH_Q8_UNPACK KVMESH_TOKENS4(TOKEN)                                               \
+      : KVMESH_SUMS4_OUT(SUMS), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [y] "=&x"(y) \
+      : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [qo] "i"(32 * K),            \
+        [ao] "i"(kQsOffset + 4 * K)                                                        \
+      : "memory")
+
 template <int K, bool First>
 KVMESH_AVX2_INLINE void Q8Step4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                 const BlockA16* a3, KVMESH_SUMS4_PARAMS) {
   __m256i w0, w1, x, y;
   if constexpr (First) {
-    asm(KVMESH_Q8_UNPACK KVMESH_TOKENS4(KVMESH_Q8_TOKEN_FIRST)
-        : KVMESH_SUMS4_OUT("=&x"), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [y] "=&x"(y)
-        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [qo] "i"(32 * K),
-          [ao] "i"(kQsOffset + 4 * K)
-        : "memory");
+    KVMESH_Q8_STEP(KVMESH_Q8_TOKEN_FIRST, "=&x");
   } else {
-    asm(KVMESH_Q8_UNPACK KVMESH_TOKENS4(KVMESH_Q8_TOKEN)
-        : KVMESH_SUMS4_OUT("+x"), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [y] "=&x"(y)
-        : [q] "r"(q), [a0] "r"(a0), [st] "r"(st), [a3] "r"(a3), [qo] "i"(32 * K),
-          [ao] "i"(kQsOffset + 4 * K)
-        : "memory");
+    KVMESH_Q8_STEP(KVMESH_Q8_TOKEN, "+x");
   }
 }
 
@@ -685,7 +684,7 @@ KVMESH_AVX2_INLINE void Q8Steps4(const uint8_t* q, const BlockA16* a0, int64_t s
   (Q8Step4<K, K == 0>(q, a0, st, a3, KVMESH_SUMS4_ARGS), ...);
 }
 
-// A block's int32 sums for 4 tokens, both halves.
+// A block's int32 sums for 4 tokens, both halves (Q4_0: of the weights before their -8).
 template <DType T>
 KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                     const BlockA16* a3) {
@@ -695,20 +694,6 @@ KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_
   } else {
     const __m256i mask = _mm256_set1_epi16(15);
     Q4Steps4(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
-    if constexpr (T == DType::kQ4_0) {
-      // sum (w - 8) a = sum w a - 8 sum a, exactly in int32.
-      const BlockA16* ab[4] = {
-          a0, reinterpret_cast<const BlockA16*>(reinterpret_cast<const char*>(a0) + st),
-          reinterpret_cast<const BlockA16*>(reinterpret_cast<const char*>(a0) + 2 * st), a3};
-      __m256i* s0[4] = {&s00, &s01, &s02, &s03};
-      __m256i* s1[4] = {&s10, &s11, &s12, &s13};
-      for (int t = 0; t < 4; ++t) {
-        // The shift in a vector: a sum from non-finite activations must not overflow in C++.
-        const __m256i off = _mm256_slli_epi32(_mm256_set1_epi32(ab[t]->sum), 3);
-        *s0[t] = _mm256_sub_epi32(*s0[t], off);
-        *s1[t] = _mm256_sub_epi32(*s1[t], off);
-      }
-    }
   }
   return {s00, s01, s02, s03, s10, s11, s12, s13};
 }
@@ -737,7 +722,16 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
     const Sums4 u =
         BlockSums4<T>(q, ab[0], a_stride * static_cast<int64_t>(sizeof(BlockA16)), ab[3]);
-    const __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
+    __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
+    if constexpr (T == DType::kQ4_0) {
+      // sum (w - 8) a = sum w a - 8 sum a, exactly in int32 (the shift in a vector: a sum from
+      // non-finite activations must not overflow in C++).
+      for (int t = 0; t < N; ++t) {
+        const __m256i off = _mm256_slli_epi32(_mm256_set1_epi32(ab[t]->sum), 3);
+        s0[t] = _mm256_sub_epi32(s0[t], off);
+        s1[t] = _mm256_sub_epi32(s1[t], off);
+      }
+    }
     const __m256 dw0 = _mm256_cvtph_ps(Load16(blk));
     const __m256 dw1 = _mm256_cvtph_ps(Load16(blk + 16));
     for (int t = 0; t < N; ++t) {
