@@ -147,6 +147,7 @@ BENCHMARK(BM_PagedAttentionSharedDecode)
     ->Args({0, 16, 1, 100})  // each sequence's own keys alone: 16 one-row units of 100 keys
     ->Args({0, 16, 2, 100})
     ->Args({1024, 16, 2, 0})  // the shared part alone
+    ->Args({1024, 16, 1, 0})  // and on one thread (a row pass: 1/768 of it)
     ->UseRealTime();
 
 // What one core can read of the same bytes: the K and V of one layer of 16 sequences' 7 own

@@ -110,24 +110,18 @@ void StageK(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_
   }
 }
 
-// Converts the chunk's V into fp32 rows [n, d]: once per task and chunk, then shared by every
-// row of the task.
-void StageV(const PagedAttentionArgs& a, const cpu::Primitives& p, const uint16_t* vbase,
-            const Run* runs, int64_t n_runs, float* vf) {
-  const int64_t d = a.head_dim;
-  for (int64_t r = 0; r < n_runs; ++r) {
-    p.f16_to_f32_tile(vbase + runs[r].at, a.pos_stride, vf + runs[r].off * d, d, runs[r].len, d);
-  }
-}
-
-// Where a chunk's K/V are read from: staged as fp32 (K transposed, kt; V rows, vf), shared by a
-// task's rows, or for a task of one row the cache's fp16 directly (K per 16-key group, when
-// blocks hold a multiple of 16 positions; V rows). The primitives give identical bits.
+// Where a chunk's K/V are read from. The cache's fp16 in place, converted in registers (K per
+// 16-key group, when blocks hold a multiple of 16 positions; V rows), or for K in other blocks
+// staged as fp32 (transposed, kt) once per task and chunk; the primitives give identical bits.
+// In place, a task's rows each convert what they read, which costs nothing beside the fused
+// multiply-adds (a scratch loop in L1: q.k and p.v in place within 3% of staged), saves the
+// staging pass (~10% of a several-row task's chunk, TSC timers), and halves the bytes a chunk
+// keeps in L1 (11th session, Zen 3: BM_PagedAttentionSharedDecode/1024/16/{1,2}/0 and
+// 4096/16/2/16, 10 alternating rounds, minimum of rounds 1.07x / 1.05x / 1.13x).
 struct ChunkKv {
   const float* kt = nullptr;
   const uint16_t* const* kgroups = nullptr;  // or K in the cache: per 16 keys, their block
-  const float* vf = nullptr;
-  const uint16_t* const* vrows = nullptr;  // per key of the chunk: its fp16 V row
+  const uint16_t* const* vrows = nullptr;    // per key of the chunk: its fp16 V row
 };
 
 // One chunk of keys [0, n) for the `group` (at most kMaxGroup) query heads q of one row:
@@ -155,11 +149,7 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
     }
   }
   // V: each row is loaded once for all heads of the group.
-  if (kv.vf != nullptr) {
-    p.pv(scores, kKeyChunk, group, d, kv.vf, n, rec + 2, stride);
-  } else {
-    p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
-  }
+  p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
 }
 
 // AttendHeads for any number of heads, in passes of kMaxGroup (each head's arithmetic is its
@@ -351,9 +341,9 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   }
 
   // Tasks differ in size (shared ranges, triangular prefill), so threads take them dynamically.
-  // A unit is a task and KV heads [kvh0, kvh1): one head for a task of several rows (its
-  // staged chunk is per head); every head for a task of one row when there are enough such
-  // tasks to keep the threads busy: its chunks then read each block's K and V of all heads
+  // A unit is a task and KV heads [kvh0, kvh1): one head for a task of several rows (the
+  // arithmetic, split over the threads); every head for a task of one row when there are enough
+  // such tasks to keep the threads busy: its chunks then read each block's K and V of all heads
   // (adjacent in the block) together, which the hardware prefetcher streams (one sequence
   // after 4K tokens, BM_PagedAttentionSharedDecode/4096/1: 3% to 40% faster, the more the
   // slower this shared machine's memory is at the time).
@@ -413,10 +403,9 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   const int64_t n_items = static_cast<int64_t>(item.size()) - 1;
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {
-    thread_local std::vector<float> scores, kt, vf;
+    thread_local std::vector<float> scores, kt;
     scores.resize(static_cast<size_t>(group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
-    vf.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
     const uint16_t* vrows[kKeyChunk];
@@ -501,8 +490,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             const uint16_t* kbase = kbase_of(kvh);
             const uint16_t* vbase = vbase_of(kvh);
             ChunkKv kv;
-            if (task.n_rows == 1 && a.block_size % 16 == 0) {
-              // One row: K read in place, 16 keys of one block per group.
+            if (a.block_size % 16 == 0) {
+              // K read in place, 16 keys of one block per group.
               for (int64_t c = 0; c * 16 < n_chunk; ++c) {
                 int64_t r = 0;
                 while (runs[r].off + runs[r].len <= 16 * c) ++r;
@@ -513,16 +502,11 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               StageK(a, p, kbase, runs, n_runs, kt.data());
               kv.kt = kt.data();
             }
-            if (task.n_rows == 1) {
-              for (int64_t r = 0, j = 0; r < n_runs; ++r) {
-                for (int64_t i = 0; i < runs[r].len; ++i, ++j)
-                  vrows[j] = vbase + runs[r].at + i * a.pos_stride;
-              }
-              kv.vrows = vrows;
-            } else {
-              StageV(a, p, vbase, runs, n_runs, vf.data());
-              kv.vf = vf.data();
+            for (int64_t r = 0, j = 0; r < n_runs; ++r) {
+              for (int64_t i = 0; i < runs[r].len; ++i, ++j)
+                vrows[j] = vbase + runs[r].at + i * a.pos_stride;
             }
+            kv.vrows = vrows;
             for (int64_t i = 0; i < task.n_rows; ++i) {
               prefetch(i);
               for (int64_t l = 0; l < side_per_pass && side_at < side.size(); ++l) {
