@@ -64,7 +64,7 @@ struct Primitives {
   void (*pv)(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n, float* o,
              int64_t os) = nullptr;
   // pv over fp16 V rows in place (row j at rows[j]): bit-identical to staging them with
-  // f16_to_f32 and calling pv (used where nothing would share the staged rows).
+  // f16_to_f32 and calling pv (paged attention reads V this way for every task).
   void (*pv_f16)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
                  int64_t n, float* o, int64_t os) = nullptr;
   // dst[i] = float(fp16 src[i]) (exact).
