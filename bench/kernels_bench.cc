@@ -43,7 +43,8 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
   return w;
 }
 
-// args: rows, cols, tokens, threads, packed (1: the 16-row interleaved layout, kernels/packed.h)
+// args: rows, cols, tokens, threads, packed (1: the 16-row interleaved layout, kernels/packed.h;
+// 2: the same packed for 8-bit activations, ActBits::k8)
 template <DType T>
 void BM_MatMul(benchmark::State& st) {
   const int64_t rows = st.range(0), cols = st.range(1), tokens = st.range(2);
@@ -55,7 +56,8 @@ void BM_MatMul(benchmark::State& st) {
     w.push_back(RandomWeights(T, rows, cols));
     const WeightMatrix plain{T, w.back().data(), rows, cols,
                              static_cast<size_t>(RowBytes(T, cols))};
-    wm.push_back(st.range(4) != 0 ? PackWeights(plain, storage[c]) : plain);
+    const ActBits bits = st.range(4) == 2 ? ActBits::k8 : ActBits::k16;
+    wm.push_back(st.range(4) != 0 ? PackWeights(plain, storage[c], nullptr, bits) : plain);
   }
   std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
   int64_t i = 0;
@@ -74,10 +76,10 @@ void BM_MatMulQ8_0(benchmark::State& st) { BM_MatMul<DType::kQ8_0>(st); }
 // args: rows, cols, tokens, threads, packed, copies (128 copies of 1536 x 576: 71 MB, as a
 // model's layers, so the weights come from memory as in decode).
 BENCHMARK(BM_MatMulQ4_1)
-    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1}, {1}})
+    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1, 2}, {1}})
     ->Args({576, 1536, 1, 2, 0, 1})
     ->Args({576, 1536, 1, 2, 1, 1})
-    ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1}, {128}})
+    ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1, 2}, {128}})
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.
 BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();

@@ -11,7 +11,7 @@
 //   build/bin/shared_context_bench [--model PATH] [--threads N] [--contexts 1024,4096,8192]
 //       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
 //       [--decode-only]  (skip the TTFT runs) [--reps 3]  (decode runs per concurrency,
-//       interleaved; medians reported)
+//       interleaved; medians reported) [--activation-bits 16|8]  (kernels/packed.h ActBits)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -177,13 +177,14 @@ std::vector<int> Ints(const std::string& s) {
 int Main(int argc, char** argv) {
   auto f = coordinator::Flags::Parse(argc, argv, 1,
                                      {"model", "threads", "contexts", "kind", "concurrency",
-                                      "decode-tokens", "kv-cache-mem", "reps"},
+                                      "decode-tokens", "kv-cache-mem", "reps", "activation-bits"},
                                      {"json", "decode-only"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
   o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));
   o.kv_cache_bytes = f->Int("kv-cache-mem", 2048, 1, 1 << 20).value_or(2048) << 20;
+  o.activation_bits = static_cast<int>(f->Int("activation-bits", 16, 1, 64).value_or(16));
   auto engine = worker::Engine::Create(o);
   if (!engine.ok()) return coordinator::Fail(engine.status());
   worker::Engine& e = **engine;
@@ -200,11 +201,14 @@ int Main(int argc, char** argv) {
               {"threads", e.threads()},
               {"kind", kind},
               {"kv_bytes_per_token", e.kv_bytes_per_token()},
+              {"activation_bits", e.activation_bits()},
               {"block_size", e.block_size()}};
   if (!as_json) {
-    std::printf("model %s, %d threads, context kind '%s', KV %lld bytes/token (fp16, all layers)\n",
-                e.model().config().name.c_str(), e.threads(), kind.c_str(),
-                static_cast<long long>(e.kv_bytes_per_token()));
+    std::printf(
+        "model %s, %d threads, %d-bit activations, context kind '%s', KV %lld bytes/token (fp16, "
+        "all layers)\n",
+        e.model().config().name.c_str(), e.threads(), e.activation_bits(), kind.c_str(),
+        static_cast<long long>(e.kv_bytes_per_token()));
   }
   for (int ctx : contexts) {
     // The whole conversation must fit the model's window: keep ~400 tokens for the chat

@@ -45,6 +45,7 @@ constexpr char kUsage[] =
     "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
     "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
     "            [--max-batched-tokens 512] [--max-sessions 256] [--tp-collectives shm|mpi]\n"
+    "            [--activation-bits 16|8]  (8: ggml's numerics, faster batched)\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
@@ -297,6 +298,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["gather_wait_ms"] = (comm.gather_wait_s - comm0.gather_wait_s) * 1e3;
     j["gathers"] = comm.gathers - comm0.gathers;
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
+    j["activation_bits"] = e.activation_bits();
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
@@ -304,7 +306,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->ttft_ms << " ms, "
               << r->tokens.size() << " generated in " << decode_ms << " ms (" << r->stop_reason
               << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
-              << ")\n";
+              << (e.activation_bits() == 8 ? ", 8-bit activations" : "") << ")\n";
   }
   return 0;
 }

@@ -67,8 +67,9 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 
 const std::set<std::string>& LaunchFlagNames() {
   static const std::set<std::string> names = {
-      "threads",  "ctx-size",           "tp",          "pp", "kv-cache-mem",   "block-size",
-      "max-seqs", "max-batched-tokens", "max-waiting", "dp", "tp-collectives", "max-sessions"};
+      "threads",        "ctx-size",           "tp",          "pp", "kv-cache-mem",   "block-size",
+      "max-seqs",       "max-batched-tokens", "max-waiting", "dp", "tp-collectives", "max-sessions",
+      "activation-bits"};
   return names;
 }
 
@@ -95,6 +96,11 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_waiting.ok()) return max_waiting.status();
   auto max_sessions = f.Int("max-sessions", 256, 1, 1 << 20);
   if (!max_sessions.ok()) return max_sessions.status();
+  auto act_bits = f.Int("activation-bits", 16, 8, 16);
+  if (!act_bits.ok()) return act_bits.status();
+  if (*act_bits != 8 && *act_bits != 16) {
+    return absl::InvalidArgumentError(StrCat("--activation-bits must be 8 or 16, not ", *act_bits));
+  }
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
   const std::string collectives = f.String("tp-collectives", "shm");
@@ -148,6 +154,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   o.pp = l.pp;
   o.kv_cache_bytes = *kv_mem << 20;
   o.block_size = static_cast<int32_t>(*block_size);
+  o.activation_bits = static_cast<int>(*act_bits);
   auto e = worker::Engine::Create(o);
   absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {

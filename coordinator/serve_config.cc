@@ -36,6 +36,7 @@ const std::map<std::string, Key>& Keys() {
       {"pipeline_parallel_size", {"pp", Kind::kInt}},
       {"data_parallel_size", {"dp", Kind::kInt}},
       {"threads", {"threads", Kind::kInt}},
+      {"activation_bits", {"activation-bits", Kind::kInt}},
       {"max_body_bytes", {"max-body-bytes", Kind::kInt}},
   };
   return keys;

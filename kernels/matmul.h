@@ -21,12 +21,16 @@ struct WeightMatrix {
   // PackWeights); the products of those rows read it instead of data.
   const uint8_t* packed = nullptr;
   int64_t packed_rows = 0;
+  // The packed rows are laid out for 8-bit activations (PackWeights with ActBits::k8): their
+  // products quantise the input to BlockA8 instead of BlockA16.
+  bool packed_a8 = false;
 };
 
 // out[t, r] = sum_k w[r, k] * x[t, k] for r in [row_begin, row_end).
 // x: [tokens, w.cols] fp32; out: [tokens, ldo] (column r of row t at out[t * ldo + r]).
 // Q4_0/Q4_1/Q8_0 weights use integer dot products against activations quantised per 32-block
-// to 16 bits (BlockA16); other types are dequantised and use fp32 dot products.
+// to 16 bits (BlockA16), or 8 bits (BlockA8) for rows packed with packed_a8; other types are
+// dequantised and use fp32 dot products.
 struct MatMulArgs {
   WeightMatrix w;
   const float* x;

@@ -17,6 +17,12 @@
 //                           one. Q8_0: 16 chunks of 32 bytes; byte i of chunk k is row i / 2's
 //                           element 2k + i % 2.
 // so a group-block is exactly 16 of the type's blocks in size.
+//
+// For 8-bit activations (ActBits::k8, Q4_0 and Q4_1 only) the quants are laid out for
+// VPMADDUBSW instead: chunk p (32 bytes, elements 4p..4p+3) holds in byte 4j + e row j's
+// element 4p + e in its low nibble and row 8 + j's in its high one, so one register of low
+// (high) nibbles is 8 rows x 4 elements, multiplied against a broadcast 4-byte activation quad.
+// The scales are where they are in the 16-bit layout.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +36,17 @@ inline constexpr int64_t kPackRows = 16;
 
 // Q4_0, Q4_1 and Q8_0 have a packed form.
 bool PackableType(DType t);
+
+// The width of the activations the packed products of a model run against. 16 (the default)
+// keeps the logits within ~1e-3 of an exact evaluation; 8 is ggml's choice for Q4_0 / Q4_1,
+// ~1e-2 away, and about twice as fast when the products are bound by arithmetic (batched
+// decode, prefill). Q8_0 and the other types keep 16 bits either way.
+enum class ActBits : uint8_t { k16 = 16, k8 = 8 };
+
+// Whether rows of type t packed for `bits` run against 8-bit activations.
+constexpr bool PacksForA8(DType t, ActBits bits) {
+  return bits == ActBits::k8 && (t == DType::kQ4_0 || t == DType::kQ4_1);
+}
 
 // Bytes of one packed group-block of a packable type t (16 of its blocks).
 constexpr int64_t PackedGroupBlockBytes(DType t) {
@@ -47,7 +64,8 @@ bool PackedKernelIsFast();
 // w unchanged if its type has no packed form or it has fewer than 16 rows. The plain rows stay
 // where they were (the rows past the last group, and row ranges that do not start on a group,
 // are read from them). With a pool, the groups are packed in parallel.
+// With bits = ActBits::k8, Q4_0 / Q4_1 are laid out for 8-bit activations (w.packed_a8).
 WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage,
-                         ThreadPool* pool = nullptr);
+                         ThreadPool* pool = nullptr, ActBits bits = ActBits::k16);
 
 }  // namespace kvmesh::kernels

@@ -69,10 +69,19 @@ struct BlockQ6_K {
   int8_t scales[kQKK / 16];
   uint16_t d;
 };
+// 8-bit activations (what ggml uses for Q4_0 / Q4_1; opt-in here, kernels/packed.h ActBits):
+// the same fields as BlockA16 with int8 values in [-127, 127].
+struct BlockA8 {
+  float d;
+  int32_t sum;
+  float dsum;
+  int8_t qs[kQK];
+};
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockA16) == 76);
+static_assert(sizeof(BlockA8) == 44);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
 
@@ -100,5 +109,7 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
 // Quantises n floats (n % 32 == 0) into n / 32 activation blocks (round to nearest).
 void QuantizeRowA16(const float* x, BlockA16* y, int64_t n);
+// The same into 8-bit blocks (d = max |x| / 127, values clamped to [-127, 127]).
+void QuantizeRowA8(const float* x, BlockA8* y, int64_t n);
 
 }  // namespace kvmesh::kernels

@@ -51,7 +51,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   const int last_tp0 = (opts.pp - 1) * tp_size;
   if (opts.pp > 1 && world_rank == last_tp0) place.logits_to = 0;
   if (opts.pp > 1 && world_rank == 0) place.logits_from = last_tp0;
-  e->forward_ = std::make_unique<LlamaForward>(*e->model_, *e->pool_, *shard, e->comm_, place);
+  if (opts.activation_bits != 8 && opts.activation_bits != 16) {
+    return absl::InvalidArgumentError(
+        StrCat("activation bits must be 8 or 16, not ", opts.activation_bits));
+  }
+  e->forward_ = std::make_unique<LlamaForward>(
+      *e->model_, *e->pool_, *shard, e->comm_, place, 512,
+      opts.activation_bits == 8 ? kernels::ActBits::k8 : kernels::ActBits::k16);
 
   // Every rank must hold the same number of blocks: size them for the rank with the largest
   // blocks (most layers x KV heads), which every rank can work out from the layout alone.
@@ -86,7 +92,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->pp_ = opts.pp;
   e->kv_bytes_per_token_ = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
   // Block names must differ whenever the bytes a block holds could: another model file, another
-  // split of heads or layers, another block size or element format.
+  // split of heads or layers, another block size or element format, other activation numerics
+  // (8-bit activations compute other K and V).
   // The model is named by a hash of its GGUF header (metadata and tensor table) and its size.
   const auto& g = e->model_->gguf();
   const kvstore::BlockHash model_id = kvstore::CacheSalt(std::string_view(
@@ -96,7 +103,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   std::snprintf(id, sizeof(id), "%016llx%016llx", static_cast<unsigned long long>(model_id.hi),
                 static_cast<unsigned long long>(model_id.lo));
   e->cache_salt_ = StrCat("model=", id, ":", g.file_size(), ";tp=", tp_size, ";pp=", opts.pp,
-                          ";kv=fp16,k-transposed;block=", opts.block_size);
+                          ";kv=fp16,k-transposed;block=", opts.block_size,
+                          e->forward_->eight_bit_activations() ? ";act=8" : "");
   return e;
 }
 

@@ -37,6 +37,9 @@ struct EngineOptions {
   int pp = 1;                                // pipeline stages; world = pp x tp
   int64_t kv_cache_bytes = 512ll << 20;      // KV block memory per rank
   int32_t block_size = 16;                   // token positions per KV block
+  // Activations of the Q4_0 / Q4_1 products: 16 bits (exact to ~1e-3) or 8 (ggml's numerics,
+  // faster when batched; kernels/packed.h ActBits).
+  int activation_bits = 16;
 };
 
 class Engine {
@@ -54,6 +57,8 @@ class Engine {
   int32_t block_size() const { return static_cast<int32_t>(arena_->shape().block_size); }
   // KV bytes per token summed over the whole model (every layer and KV head, one copy).
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  // 8 if the products run against 8-bit activations (asked for, and this ISA packs), else 16.
+  int activation_bits() const { return forward_->eight_bit_activations() ? 8 : 16; }
   // Names the model, shard layout and KV format: the root of block names (kvstore/block_hash.h).
   const std::string& cache_salt() const { return cache_salt_; }
 

@@ -34,7 +34,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
 
 LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                            const model::TpShard& shard, comm::Communicator* comm,
-                           const PipelinePlace& place, int64_t max_batch)
+                           const PipelinePlace& place, int64_t max_batch, kernels::ActBits act_bits)
     : model_(model),
       pool_(pool),
       max_batch_(std::max<int64_t>(1, max_batch)),
@@ -51,7 +51,8 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
     model::LlamaLayer& L = layers_.emplace_back(model::SliceLayer(model.layer(l), c, shard));
     if (pack) {
       for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-        *w = kernels::PackWeights(*w, owned_.emplace_back(), &pool);
+        *w = kernels::PackWeights(*w, owned_.emplace_back(), &pool, act_bits);
+        eight_bit_ |= w->packed_a8;
         // Fully packed: its plain pages are not read again (they would refault if they were).
         if (w->packed_rows == w->rows) {
           model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
@@ -71,7 +72,8 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
   }
   output_ = model::SliceOutput(model.output(), shard);
   if (pack && place.stage.last()) {
-    output_ = kernels::PackWeights(output_, owned_.emplace_back(), &pool);
+    output_ = kernels::PackWeights(output_, owned_.emplace_back(), &pool, act_bits);
+    eight_bit_ |= output_.packed_a8;
     // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
     if (output_.packed_rows == output_.rows && model.output().data != model.tok_embd().data) {
       model.gguf().DropPages(output_.data, static_cast<size_t>(output_.rows) * output_.row_bytes);

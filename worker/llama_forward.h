@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "comm/communicator.h"
 #include "kernels/ops.h"
+#include "kernels/packed.h"
 #include "kernels/thread_pool.h"
 #include "kvstore/block_arena.h"
 #include "model/llama_model.h"
@@ -58,15 +59,18 @@ class LlamaForward {
                const model::TpShard& shard, comm::Communicator* comm, int64_t max_batch = 512);
   // A rank of stage `place.stage` of a pipeline (and of a TP group within the stage). Stages
   // pass hidden states [tokens, n_embd] forward with Send/Recv, one micro-batch at a time.
+  // act_bits: the activations' width in the packed products (kernels/packed.h ActBits).
   LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                const model::TpShard& shard, comm::Communicator* comm, const PipelinePlace& place,
-               int64_t max_batch = 512);
+               int64_t max_batch = 512, kernels::ActBits act_bits = kernels::ActBits::k16);
   // Layers this rank runs (the arena passed to Forward must have this many).
   int64_t n_layers() const { return place_.stage.layer_end - place_.stage.layer_begin; }
 
   // KV heads this rank caches (the arena passed to Forward must have this many).
   int64_t n_kv_heads() const { return shard_.kv_head_end - shard_.kv_head_begin; }
   const model::TpShard& shard() const { return shard_; }
+  // Whether any product runs against 8-bit activations (asked for, and this ISA packs).
+  bool eight_bit_activations() const { return eight_bit_; }
   // Time inside this rank's TP collectives since construction.
   const CommStats& comm_stats() const { return comm_stats_; }
 
@@ -96,6 +100,7 @@ class LlamaForward {
   const model::LlamaModel& model_;
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
+  bool eight_bit_ = false;
   model::TpShard shard_;
   comm::Communicator* comm_ = nullptr;  // null: one rank
   PipelinePlace place_;

@@ -18,19 +18,42 @@ bool IsIntegerPath(DType t) {
          t == DType::kQ6_K;
 }
 
-// Quantises the tokens' activations once (in parallel over tokens) into `buf`.
+// The tokens' activations, quantised once per product input: 16-bit blocks for the integer
+// paths, 8-bit ones for rows packed for them (kernels/packed.h ActBits); null where not needed.
+struct Quantised {
+  BlockA16* a16 = nullptr;
+  BlockA8* a8 = nullptr;
+};
+
+// Quantises the activations (in parallel over tokens) into the buffers, in the widths asked for;
 // `prepare` (if set) first fills the rows.
-const BlockA16* QuantizeActivations(const float* x, int64_t tokens, int64_t cols, ThreadPool& pool,
-                                    const PrepareRows& prepare, std::vector<uint8_t>& buf) {
+Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool a16, bool a8,
+                              ThreadPool& pool, const PrepareRows& prepare,
+                              std::vector<uint8_t>& buf16, std::vector<uint8_t>& buf8) {
   const int64_t nb = cols / kQK;
-  buf.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA16));
-  auto* q = reinterpret_cast<BlockA16*>(buf.data());
-  const auto quantize = cpu::Prims().quantize_a16;
+  Quantised q;
+  if (a16) {
+    buf16.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA16));
+    q.a16 = reinterpret_cast<BlockA16*>(buf16.data());
+  }
+  if (a8) {
+    buf8.resize(static_cast<size_t>(tokens * nb) * sizeof(BlockA8));
+    q.a8 = reinterpret_cast<BlockA8*>(buf8.data());
+  }
+  const auto& prims = cpu::Prims();
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
     if (prepare) prepare(t0, t1);
-    for (int64_t t = t0; t < t1; ++t) quantize(x + t * cols, q + t * nb, cols);
+    for (int64_t t = t0; t < t1; ++t) {
+      if (a16) prims.quantize_a16(x + t * cols, q.a16 + t * nb, cols);
+      if (a8) prims.quantize_a8(x + t * cols, q.a8 + t * nb, cols);
+    }
   });
   return q;
+}
+
+// Whether tile [r0, r1) of w runs on its packed groups.
+bool PackedTile(const WeightMatrix& w, int64_t r0, int64_t r1) {
+  return w.packed != nullptr && r0 % kPackRows == 0 && r1 - r0 == kPackRows && r1 <= w.packed_rows;
 }
 
 // Rows [r0, r1) of one integer-path product against every token.
@@ -87,16 +110,19 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
-void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const BlockA16* xq) {
+void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
   const auto& d = cpu::Prims();
-  if (a.w.packed != nullptr && r0 % kPackRows == 0 && r1 - r0 == kPackRows &&
-      r1 <= a.w.packed_rows) {
+  if (PackedTile(a.w, r0, r1)) {
     const int64_t nb = a.w.cols / kQK;
     const int64_t group_bytes = nb * PackedGroupBlockBytes(a.w.type);
     const uint8_t* group = a.w.packed + r0 / kPackRows * group_bytes;
     const uint8_t* next = r1 + kPackRows <= a.w.packed_rows ? group + group_bytes : nullptr;
-    return d.packed_tile(a.w.type, group, nb, xq, nb, a.tokens, a.out + r0, a.ldo, next);
+    if (a.w.packed_a8) {
+      return d.packed_tile_a8(a.w.type, group, nb, q.a8, nb, a.tokens, a.out + r0, a.ldo, next);
+    }
+    return d.packed_tile(a.w.type, group, nb, q.a16, nb, a.tokens, a.out + r0, a.ldo, next);
   }
+  const BlockA16* xq = q.a16;
   switch (a.w.type) {
     case DType::kQ4_1:
       return QuantTile<BlockQ4_1>(a, r0, r1, xq, d.q4_1_a16, d.q4_1_tile);
@@ -126,19 +152,24 @@ void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool, const Pre
   thread_local std::vector<Tile> tiles_storage;
   std::vector<Tile>& tiles = tiles_storage;
   tiles.clear();
-  bool quantised = false;
+  bool a16 = false, a8 = false;
   for (size_t m = 0; m < mats.size(); ++m) {
     const MatMulArgs& a = mats[m];
     const int64_t end = a.row_end < 0 ? a.w.rows : a.row_end;
     for (int64_t r = a.row_begin; r < end; r += kRowTile) {
-      tiles.push_back({static_cast<int32_t>(m), r, std::min(r + kRowTile, end)});
+      const int64_t r1 = std::min(r + kRowTile, end);
+      tiles.push_back({static_cast<int32_t>(m), r, r1});
+      if (!IsIntegerPath(a.w.type)) continue;
+      const bool eight = a.w.packed_a8 && PackedTile(a.w, r, r1);
+      a8 |= eight;
+      a16 |= !eight;
     }
-    quantised |= IsIntegerPath(a.w.type);
   }
-  thread_local std::vector<uint8_t> act;
-  const BlockA16* xq = nullptr;
-  if (quantised) {
-    xq = QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, pool, prepare, act);
+  thread_local std::vector<uint8_t> act16, act8;
+  Quantised xq;
+  if (a16 || a8) {
+    xq = QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, a16, a8, pool, prepare,
+                             act16, act8);
   } else if (prepare) {
     pool.ParallelFor(mats[0].tokens, 1, prepare);
   }

@@ -17,7 +17,8 @@ int Nibble(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >
 int64_t ScaleBytes(DType t) { return t == DType::kQ4_1 ? 64 : 32; }
 
 // The 16 rows' block b (row r at rows + r * row_bytes) into one group-block at dst.
-void PackGroupBlock(DType t, const uint8_t* rows, size_t row_bytes, int64_t b, uint8_t* dst) {
+void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int64_t b,
+                    uint8_t* dst) {
   const int64_t bb = TraitsOf(t).block_bytes;
   uint8_t* q = dst + ScaleBytes(t);
   for (int r = 0; r < kPackRows; ++r) {
@@ -28,6 +29,13 @@ void PackGroupBlock(DType t, const uint8_t* rows, size_t row_bytes, int64_t b, u
       const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
       for (int k = 0; k < 16; ++k) {
         for (int j = 0; j < 2; ++j) q[32 * k + 2 * r + j] = static_cast<uint8_t>(qs[2 * k + j]);
+      }
+    } else if (a8) {
+      const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
+      for (int p = 0; p < 8; ++p) {
+        for (int e = 0; e < 4; ++e) {
+          q[32 * p + 4 * (r % 8) + e] |= static_cast<uint8_t>(Nibble(qs, 4 * p + e) << (r / 8 * 4));
+        }
       }
     } else {
       const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
@@ -42,8 +50,12 @@ void PackGroupBlock(DType t, const uint8_t* rows, size_t row_bytes, int64_t b, u
 }
 
 // Row r's element e of a packed group-block's quants, as the integer the product uses.
-int PackedElement(DType t, const uint8_t* q, int r, int e) {
+int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
   if (t == DType::kQ8_0) return static_cast<int8_t>(q[32 * (e / 2) + 2 * r + e % 2]);
+  if (a8) {
+    const int v = q[32 * (e / 4) + 4 * (r % 8) + e % 4] >> (r / 8 * 4) & 15;
+    return t == DType::kQ4_0 ? v - 8 : v;
+  }
   const uint8_t byte = q[32 * (e / 4) + 2 * r + e % 2];
   const int v = (e % 4 < 2) ? (byte & 15) : (byte >> 4);
   return t == DType::kQ4_0 ? v - 8 : v;
@@ -55,8 +67,10 @@ bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t 
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
 
-WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, ThreadPool* pool) {
+WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, ThreadPool* pool,
+                         ActBits bits) {
   WeightMatrix out = w;
+  const bool a8 = PacksForA8(w.type, bits);
   if (!PackableType(w.type) || w.rows < kPackRows) return out;
   const int64_t groups = w.rows / kPackRows, nb = w.cols / kQK;
   const int64_t gb = PackedGroupBlockBytes(w.type);
@@ -65,7 +79,7 @@ WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, T
   auto pack = [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t b = 0; b < nb; ++b) {
-        PackGroupBlock(w.type, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
+        PackGroupBlock(w.type, a8, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
                        storage.data() + (g * nb + b) * gb);
       }
     }
@@ -77,26 +91,30 @@ WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, T
   }
   out.packed = storage.data();
   out.packed_rows = groups * kPackRows;
+  out.packed_a8 = a8;
   return out;
 }
 
 namespace cpu {
 
-void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
-                         const uint8_t* /*next_group*/) {
+namespace {
+
+// PackedTile's operations in plain C++, for either activation width.
+template <typename Block>
+void PackedTileOf(DType type, bool a8, const uint8_t* group, int64_t nb, const Block* a,
+                  int64_t a_stride, int64_t tokens, float* out, int64_t ldo) {
   const int64_t gb = PackedGroupBlockBytes(type);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int r = 0; r < kPackRows; ++r) {
       float acc = 0.0f, mins = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = group + b * gb;
-        const BlockA16& ab = a[t * a_stride + b];
+        const Block& ab = a[t * a_stride + b];
         uint16_t d;
         std::memcpy(&d, blk + 2 * r, 2);
         int32_t s = 0;
         for (int e = 0; e < kQK; ++e) {
-          s += PackedElement(type, blk + ScaleBytes(type), r, e) * int32_t{ab.qs[e]};
+          s += PackedElement(type, a8, blk + ScaleBytes(type), r, e) * int32_t{ab.qs[e]};
         }
         acc = std::fma(static_cast<float>(s) * ab.d, Fp16ToFloat(d), acc);
         if (type == DType::kQ4_1) {
@@ -108,6 +126,20 @@ void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const Blo
       out[t * ldo + r] = type == DType::kQ4_1 ? acc + mins : acc;
     }
   }
+}
+
+}  // namespace
+
+void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                         int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                         const uint8_t* /*next_group*/) {
+  PackedTileOf(type, false, group, nb, a, a_stride, tokens, out, ldo);
+}
+
+void PackedTileA8Reference(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
+                           int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                           const uint8_t* /*next_group*/) {
+  PackedTileOf(type, true, group, nb, a, a_stride, tokens, out, ldo);
 }
 
 }  // namespace cpu

@@ -35,8 +35,14 @@ struct Primitives {
                               int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                               const uint8_t* next_group);
   PackedTile packed_tile = nullptr;
+  // The same over Q4_0 / Q4_1 groups packed for 8-bit activations (kernels/packed.h ActBits).
+  using PackedTileA8 = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                const uint8_t* next_group);
+  PackedTileA8 packed_tile_a8 = nullptr;
   // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
+  void (*quantize_a8)(const float* x, BlockA8* y, int64_t n) = nullptr;  // QuantizeRowA8
   // y[i] = exp(x[i] - shift) (relative error < 2e-7 for arguments in [-87, 88]).
   void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
   // The same, returning the sum of the y[i] (added in an order fixed per ISA).
@@ -91,6 +97,10 @@ constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
                          int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                          const uint8_t* next_group = nullptr);
+
+void PackedTileA8Reference(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
+                           int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                           const uint8_t* next_group = nullptr);
 
 // A PackedTile entry from one kernel per packed type (the reference for any other type).
 using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,

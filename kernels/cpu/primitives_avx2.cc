@@ -240,8 +240,11 @@ KVMESH_AVX2 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
 }
 
-// One 32-element block: scale from the absolute maximum, values rounded half to even.
-KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
+// One 32-element block at a time: scale from the absolute maximum, values rounded half to even,
+// as QuantizeRowA16 / QuantizeRowA8 (kMax 32767 / 127). 8 bits are clamped in int32 (so the sum
+// is of the stored values) and packed to bytes.
+template <typename Block, int kMax>
+KVMESH_AVX2 void QuantizeTo(const float* x, Block* y, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float* xb = x + b * kQK;
@@ -254,15 +257,28 @@ KVMESH_AVX2 void QuantizeA16(const float* x, BlockA16* y, int64_t n) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 32767.0f;
+    const float d = _mm_cvtss_f32(m) / static_cast<float>(kMax);
     const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));  // nearest even
-    // Pack to int16 (packs works within 128-bit lanes; permute restores element order).
-    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
-    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p01);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 16), p23);
+    if constexpr (kMax == 127) {
+      for (int j = 0; j < 4; ++j) {
+        q[j] = _mm256_min_epi32(_mm256_set1_epi32(127),
+                                _mm256_max_epi32(_mm256_set1_epi32(-127), q[j]));
+      }
+      // Bytes per 128-bit lane: elements 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31.
+      const __m256i bytes =
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(y[b].qs),
+          _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    } else {
+      // Pack to int16 (packs works within 128-bit lanes; permute restores element order).
+      const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+      const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), p01);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + 16), p23);
+    }
     const __m256i s32 =
         _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
@@ -825,6 +841,105 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
   }
 }
 
+// Q4_0 / Q4_1 groups packed for 8-bit activations (kernels/packed.h): per 4 elements, one
+// register of low nibbles (rows 0-7 x 4 elements) and one of high (rows 8-15), each
+// VPMADDUBSW'd against the token's broadcast activation quad into int16 pair sums of its rows,
+// which stay in int16 for the whole block (8 quads x 2 x 15 x 127 = 30,480 < 2^15: exact) and
+// are widened once per block by a VPMADDWD against ones. Both halves per pass, N <= 4 tokens;
+// the fp32 steps are PackedTileReference's, lane for lane (same bits).
+template <DType T, int N>
+KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride,
+                              float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
+                              int64_t passes) {
+  constexpr bool kMin = T == DType::kQ4_1;
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  constexpr int kScales = kMin ? 64 : 32;
+  const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[N][2], mins[N][2];
+  for (int t = 0; t < N; ++t) {
+    for (int h = 0; h < 2; ++h) acc[t][h] = mins[t][h] = _mm256_setzero_ps();
+  }
+  AheadShares shares(ahead, nb * kGroupBlock, nb, pass, passes);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlock;
+    const uint8_t* q = blk + kScales;
+    shares.Next();
+    const BlockA8* ab[N];
+    for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
+    __m256i s16[N][2];
+    for (int p = 0; p < 8; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p));
+      const __m256i lo = _mm256_and_si256(v, mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      for (int t = 0; t < N; ++t) {
+        int32_t quad;
+        std::memcpy(&quad, ab[t]->qs + 4 * p, 4);
+        const __m256i x = _mm256_set1_epi32(quad);
+        const __m256i m0 = _mm256_maddubs_epi16(lo, x), m1 = _mm256_maddubs_epi16(hi, x);
+        s16[t][0] = p == 0 ? m0 : _mm256_add_epi16(s16[t][0], m0);
+        s16[t][1] = p == 0 ? m1 : _mm256_add_epi16(s16[t][1], m1);
+      }
+    }
+    const __m256 dw[2] = {_mm256_cvtph_ps(Load16(blk)), _mm256_cvtph_ps(Load16(blk + 16))};
+    for (int t = 0; t < N; ++t) {
+      const __m256 ad = _mm256_set1_ps(ab[t]->d);
+      for (int h = 0; h < 2; ++h) {
+        __m256i s = _mm256_madd_epi16(s16[t][h], ones);
+        if constexpr (T == DType::kQ4_0) {
+          s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_set1_epi32(ab[t]->sum), 3));
+        }
+        acc[t][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), ad), dw[h], acc[t][h]);
+      }
+    }
+    if constexpr (kMin) {
+      const __m256 m[2] = {_mm256_cvtph_ps(Load16(blk + 32)), _mm256_cvtph_ps(Load16(blk + 48))};
+      for (int t = 0; t < N; ++t) {
+        const __m256 ds = _mm256_set1_ps(ab[t]->dsum);
+        for (int h = 0; h < 2; ++h) mins[t][h] = _mm256_fmadd_ps(m[h], ds, mins[t][h]);
+      }
+    }
+  }
+  for (int t = 0; t < N; ++t) {
+    for (int h = 0; h < 2; ++h) {
+      _mm256_storeu_ps(out + t * ldo + 8 * h,
+                       kMin ? _mm256_add_ps(acc[t][h], mins[t][h]) : acc[t][h]);
+    }
+  }
+}
+
+template <DType T>
+KVMESH_AVX2 void PackedA8TileOf(const uint8_t* group, int64_t nb, const BlockA8* a,
+                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                const uint8_t* next_group) {
+  using Pass = void (*)(const uint8_t*, int64_t, const BlockA8*, int64_t, float*, int64_t,
+                        const uint8_t*, int64_t, int64_t);
+  static constexpr Pass kTail[4] = {nullptr, PackedA8Pass<T, 1>, PackedA8Pass<T, 2>,
+                                    PackedA8Pass<T, 3>};
+  const int64_t rest = tokens % 4, passes = tokens / 4 + (rest > 0 ? 1 : 0);
+  int64_t pass = 0, t = 0;
+  for (; t + 4 <= tokens; t += 4) {
+    PackedA8Pass<T, 4>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group,
+                       pass++, passes);
+  }
+  if (rest > 0) {
+    kTail[rest](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, next_group, pass,
+                passes);
+  }
+}
+
+KVMESH_AVX2 void PackedA8Tile(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
+                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                              const uint8_t* next_group) {
+  switch (type) {
+    case DType::kQ4_0:
+      return PackedA8TileOf<DType::kQ4_0>(group, nb, a, a_stride, tokens, out, ldo, next_group);
+    case DType::kQ4_1:
+      return PackedA8TileOf<DType::kQ4_1>(group, nb, a, a_stride, tokens, out, ldo, next_group);
+    default:
+      return PackedTileA8Reference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
+  }
+}
+
 template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
                               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
@@ -855,7 +970,9 @@ const Primitives& Avx2Primitives() {
       .f32_f32 = DotF32F32,
       .packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
                                        PackedTileOf<DType::kQ8_0>>,
-      .quantize_a16 = QuantizeA16,
+      .packed_tile_a8 = PackedA8Tile,
+      .quantize_a16 = QuantizeTo<BlockA16, 32767>,
+      .quantize_a8 = QuantizeTo<BlockA8, 127>,
       .exp_shifted = ExpShifted,
       .exp_shifted_sum = ExpShiftedSum,
       .silu_mul = SiluMul,

@@ -3,6 +3,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/fp16.h"
 
@@ -143,22 +144,36 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
   assert(false && "unsupported dtype");
 }
 
-void QuantizeRowA16(const float* x, BlockA16* y, int64_t n) {
+namespace {
+
+// Activation blocks of either width: d = max |x| / kMax, values round(x / d) in [-kMax, kMax].
+template <typename Block, int kMax>
+void QuantizeRowTo(const float* x, Block* y, int64_t n) {
+  constexpr float kLimit = static_cast<float>(kMax);
+  using Value = std::remove_reference_t<decltype(y->qs[0])>;
   for (int64_t i = 0; i < n / kQK; ++i) {
     float amax = 0.0f;
     for (int j = 0; j < kQK; ++j) amax = std::fmax(amax, std::fabs(x[i * kQK + j]));
-    const float d = amax / 32767.0f;
+    const float d = amax / kLimit;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[i].d = d;
     int32_t sum = 0;
     for (int j = 0; j < kQK; ++j) {
       const float v = std::nearbyint(x[i * kQK + j] * id);
-      y[i].qs[j] = static_cast<int16_t>(std::fmax(-32767.0f, std::fmin(32767.0f, v)));
+      y[i].qs[j] = static_cast<Value>(std::fmax(-kLimit, std::fmin(kLimit, v)));
       sum += y[i].qs[j];
     }
     y[i].sum = sum;
     y[i].dsum = d * static_cast<float>(sum);
   }
 }
+
+}  // namespace
+
+void QuantizeRowA16(const float* x, BlockA16* y, int64_t n) {
+  QuantizeRowTo<BlockA16, 32767>(x, y, n);
+}
+
+void QuantizeRowA8(const float* x, BlockA8* y, int64_t n) { QuantizeRowTo<BlockA8, 127>(x, y, n); }
 
 }  // namespace kvmesh::kernels

@@ -72,6 +72,9 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
   ExpectOneLineError({"run", "--prompt", "x", "--tp-collectives", "gloo"},
                      "--tp-collectives must be shm or mpi, not 'gloo'");
+  ExpectOneLineError({"run", "--prompt", "x", "--activation-bits", "12"},
+                     "--activation-bits must be 8 or 16, not 12");
+  ExpectOneLineError({"run", "--prompt", "x", "--activation-bits", "4"}, "--activation-bits must");
   ExpectOneLineError({"run", "--prompt"}, "flag --prompt needs a value");
   ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
   ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");

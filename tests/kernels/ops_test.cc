@@ -151,10 +151,17 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
   }
 }
 
-// Packed 16-row groups (kernels/packed.h): close to the exact product, the same bits on every
-// ISA (the reference computes the table's operations in plain C++), each token's outputs the
-// same whatever else is in the batch, and rows past the last group still right.
+void PackedMatMulCases(ActBits bits);
+
+// Packed 16-row groups (kernels/packed.h), for 16- and 8-bit activations: close to the exact
+// product, the same bits on every ISA (the reference computes the table's operations in plain
+// C++), each token's outputs the same whatever else is in the batch, and rows past the last
+// group still right.
 TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
+  for (const ActBits bits : {ActBits::k16, ActBits::k8}) PackedMatMulCases(bits);
+}
+
+void PackedMatMulCases(ActBits bits) {
   ThreadPool pool(2);
   const MatMulCase cases[] = {
       {DType::kQ4_1, 37, 576, 13},
@@ -171,8 +178,10 @@ TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
       {DType::kQ4_1, 16, 64, 7},
   };
   for (const MatMulCase& c : cases) {
+    const bool a8 = PacksForA8(c.type, bits);
     const std::string name = std::string(TraitsOf(c.type).name) + " " + std::to_string(c.rows) +
-                             "x" + std::to_string(c.cols) + " tokens=" + std::to_string(c.tokens);
+                             "x" + std::to_string(c.cols) + " tokens=" + std::to_string(c.tokens) +
+                             (a8 ? " a8" : "");
     const auto w = RandomWeights(c.type, c.rows, c.cols, 3 * c.rows + c.cols);
     // Activations spanning the int16 range, with one block of extremes in each of the first 4
     // tokens (every position of a 4-token pass), at a different block per token.
@@ -186,21 +195,32 @@ TEST_P(IsaTest, PackedMatMulMatchesReferenceBitForBitAndIsBatchInvariant) {
     const WeightMatrix plain{c.type, w.data(), c.rows, c.cols,
                              static_cast<size_t>(RowBytes(c.type, c.cols))};
     std::vector<uint8_t> storage;
-    const WeightMatrix wm = PackWeights(plain, storage);
+    const WeightMatrix wm = PackWeights(plain, storage, nullptr, bits);
     ASSERT_EQ(wm.packed_rows, c.rows / 16 * 16) << name;
+    ASSERT_EQ(wm.packed_a8, a8) << name;
     const std::vector<double> ref = ExactProduct(plain, x, c.tokens);
     std::vector<float> out(c.tokens * c.rows, 12345.0f);
     MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
-    EXPECT_LT(RelL2(out, ref), 2e-4) << name;
+    // 8 bits: each activation within half a step of 1/127 of its block's largest.
+    EXPECT_LT(RelL2(out, ref), a8 ? 2e-2 : 2e-4) << name;
     // Bit for bit the reference's operations, group by group.
     const int64_t nb = c.cols / kQK;
     std::vector<BlockA16> xq(c.tokens * nb);
-    for (int64_t t = 0; t < c.tokens; ++t)
+    std::vector<BlockA8> xq8(c.tokens * nb);
+    for (int64_t t = 0; t < c.tokens; ++t) {
       QuantizeRowA16(x.data() + t * c.cols, &xq[t * nb], c.cols);
+      QuantizeRowA8(x.data() + t * c.cols, &xq8[t * nb], c.cols);
+    }
     std::vector<float> expect(out);
     for (int64_t g = 0; g < c.rows / 16; ++g) {
-      cpu::PackedTileReference(c.type, wm.packed + g * nb * PackedGroupBlockBytes(c.type), nb,
-                               xq.data(), nb, c.tokens, expect.data() + 16 * g, c.rows);
+      const uint8_t* group = wm.packed + g * nb * PackedGroupBlockBytes(c.type);
+      if (a8) {
+        cpu::PackedTileA8Reference(c.type, group, nb, xq8.data(), nb, c.tokens,
+                                   expect.data() + 16 * g, c.rows);
+      } else {
+        cpu::PackedTileReference(c.type, group, nb, xq.data(), nb, c.tokens, expect.data() + 16 * g,
+                                 c.rows);
+      }
     }
     EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), out.size() * sizeof(float))) << name;
     // Each token alone gives its row of the batch exactly (packed rows and the tail).
@@ -485,7 +505,8 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
         (const void*)p.f32_f32, (const void*)p.qk_t, (const void*)p.pv_f16,
         (const void*)p.exp_shifted_sum, (const void*)p.f16_to_f32_tile, (const void*)p.qk_t_f16,
         (const void*)p.f16_to_f32, (const void*)p.quantize_a16, (const void*)p.exp_shifted,
-        (const void*)p.silu_mul, (const void*)p.pv, (const void*)p.to_fp16}) {
+        (const void*)p.silu_mul, (const void*)p.pv, (const void*)p.to_fp16,
+        (const void*)p.quantize_a8, (const void*)p.packed_tile_a8}) {
     ASSERT_NE(fn, nullptr) << "a primitive is missing from the " << IsaName(GetParam()) << " table";
   }
   const auto& ref = cpu::ScalarPrimitives();
@@ -500,6 +521,29 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
       ASSERT_EQ(q[b].sum, q_ref[b].sum);
       ASSERT_EQ(q[b].dsum, q_ref[b].dsum);
       for (int j = 0; j < kQK; ++j) ASSERT_EQ(q[b].qs[j], q_ref[b].qs[j]) << b << " " << j;
+    }
+    // 8 bits: the same, and every value in [-127, 127] (the packed kernels' int16 sums rely on
+    // it), the largest magnitude of each block at 127.
+    x[5] = -1e9f;
+    std::vector<BlockA8> q8(n / kQK), q8_ref(n / kQK);
+    p.quantize_a8(x.data(), q8.data(), n);
+    ref.quantize_a8(x.data(), q8_ref.data(), n);
+    for (int64_t b = 0; b < n / kQK; ++b) {
+      ASSERT_EQ(q8[b].d, q8_ref[b].d);
+      ASSERT_EQ(q8[b].sum, q8_ref[b].sum);
+      ASSERT_EQ(q8[b].dsum, q8_ref[b].dsum);
+      int biggest = 0, sum = 0;
+      for (int j = 0; j < kQK; ++j) {
+        ASSERT_EQ(q8[b].qs[j], q8_ref[b].qs[j]) << b << " " << j;
+        ASSERT_GE(q8[b].qs[j], -127);
+        biggest = std::max(biggest, std::abs(int{q8[b].qs[j]}));
+        sum += q8[b].qs[j];
+      }
+      EXPECT_EQ(biggest, 127) << b;
+      EXPECT_EQ(sum, q8[b].sum) << b;
+      for (int j = 0; j < kQK; ++j) {
+        EXPECT_NEAR(x[b * kQK + j], q8[b].d * q8[b].qs[j], 0.5001 * q8[b].d) << b << " " << j;
+      }
     }
   }
   std::vector<BlockA16> zero(2);

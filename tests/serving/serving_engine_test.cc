@@ -8,30 +8,39 @@
 #include <cstring>
 #include <map>
 
+#include "kernels/packed.h"
 #include "tests/util/test_paths.h"
 
 namespace kvmesh::serving {
 namespace {
 
-class Serving : public ::testing::Test {
+// Every test runs with 16-bit activations (the default) and 8-bit ones (--activation-bits 8):
+// batch invariance and reuse must hold for either numerics.
+class Serving : public ::testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     const std::string path = testing::RealModelPath();
     if (path.empty()) return;
-    worker::EngineOptions o;
-    o.model_path = path;
-    o.threads = 2;
-    o.ctx_size = 4096;
-    o.kv_cache_bytes = 64ll << 20;  // 182 blocks of 16 tokens
-    auto e = worker::Engine::Create(o);
-    ASSERT_TRUE(e.ok()) << e.status();
-    engine_ = std::move(*e).release();
+    for (int bits : {16, 8}) {
+      worker::EngineOptions o;
+      o.model_path = path;
+      o.threads = 2;
+      o.ctx_size = 4096;
+      o.kv_cache_bytes = 64ll << 20;  // 182 blocks of 16 tokens
+      o.activation_bits = bits;
+      auto e = worker::Engine::Create(o);
+      ASSERT_TRUE(e.ok()) << e.status();
+      engines_[bits == 8] = std::move(*e).release();
+    }
   }
   static void TearDownTestSuite() {
-    delete engine_;
-    engine_ = nullptr;
+    for (worker::Engine*& e : engines_) {
+      delete e;
+      e = nullptr;
+    }
   }
   void SetUp() override {
+    engine_ = engines_[GetParam() == 8];
     if (engine_ == nullptr) {
       GTEST_SKIP() << "SmolLM2 model not found: run scripts/model_pull.sh (or set KVMESH_MODEL)";
     }
@@ -81,13 +90,20 @@ class Serving : public ::testing::Test {
     }
     return doc;
   }
-  static worker::Engine* engine_;
+  static worker::Engine* engines_[2];
+  static worker::Engine* engine_;  // this test's
 };
+worker::Engine* Serving::engines_[2] = {nullptr, nullptr};
 worker::Engine* Serving::engine_ = nullptr;
+
+INSTANTIATE_TEST_SUITE_P(ActivationBits, Serving, ::testing::Values(16, 8),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "a" + std::to_string(i.param);
+                         });
 
 // One document, several questions as independent requests: the document's blocks are computed
 // once and shared; answers are identical to computing everything.
-TEST_F(Serving, MultiRequestPrefixReuseKeepsAnswersBitForBit) {
+TEST_P(Serving, MultiRequestPrefixReuseKeepsAnswersBitForBit) {
   const std::vector<std::string> questions = {"Where is item 9?", "Where is item 14?",
                                               "Which shelf holds item 3?"};
   auto run = [&](bool reuse) {
@@ -119,7 +135,7 @@ TEST_F(Serving, MultiRequestPrefixReuseKeepsAnswersBitForBit) {
 
 // A conversation: each turn reuses everything the previous turns computed, including the
 // partial last block (copied before it is written), and answers as if prefilled from scratch.
-TEST_F(Serving, MultiTurnSessionCachedTokensClimbAndAnswersDoNotChange) {
+TEST_P(Serving, MultiTurnSessionCachedTokensClimbAndAnswersDoNotChange) {
   const std::vector<std::string> turns = {Document() + "\nWhere is item 9?", "And item 14?",
                                           "How many shelves are there?"};
   auto run = [&](bool reuse) {
@@ -153,7 +169,7 @@ TEST_F(Serving, MultiTurnSessionCachedTokensClimbAndAnswersDoNotChange) {
 }
 
 // Continuous batching: N different requests together give each one's answer alone.
-TEST_F(Serving, BatchOfDifferentRequestsMatchesEachAlone) {
+TEST_P(Serving, BatchOfDifferentRequestsMatchesEachAlone) {
   const std::vector<std::string> prompts = {
       "What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
       "Explain what a KV cache is in one sentence.", Document() + "\nWhere is item 21?"};
@@ -176,7 +192,7 @@ TEST_F(Serving, BatchOfDifferentRequestsMatchesEachAlone) {
 
 // Forced preemption (p = 0.5 per step) and a pool too small for the batch: sequences are
 // recomputed, possibly several times, and still produce exactly the same tokens.
-TEST_F(Serving, ForcedPreemptionLeavesGreedyOutputsUnchanged) {
+TEST_P(Serving, ForcedPreemptionLeavesGreedyOutputsUnchanged) {
   const std::vector<std::string> prompts = {"Name a fruit.", "Count from one to five.",
                                             "What colour is the sky?", "Say hello in French."};
   std::vector<Request> reqs;
@@ -195,7 +211,27 @@ TEST_F(Serving, ForcedPreemptionLeavesGreedyOutputsUnchanged) {
   ExpectNoLeaks(se);
 }
 
-TEST_F(Serving, RejectsRequestsThatCannotFitAndKeepsServing) {
+// The two numerics are different engines: different logits, different block names (a block
+// computed under one must never be reused under the other, e.g. from the disk tier).
+TEST_P(Serving, ActivationBitsChangeTheNumericsAndTheBlockNames) {
+  if (GetParam() != 8) GTEST_SKIP() << "compares the two engines once";
+  if (!kernels::PackedKernelIsFast()) {
+    EXPECT_EQ(engine_->activation_bits(), 16) << "nothing is packed on this ISA";
+    GTEST_SKIP() << "this ISA has no packed kernels, so 8-bit activations do not apply";
+  }
+  EXPECT_EQ(engines_[0]->activation_bits(), 16);
+  EXPECT_EQ(engines_[1]->activation_bits(), 8);
+  EXPECT_NE(engines_[0]->cache_salt(), engines_[1]->cache_salt());
+  const Request r = Greedy(Chat({{"user", "What is the capital of France?"}}), 1);
+  ServingEngine a(*engines_[0], {}), b(*engines_[1], {});
+  const auto la = a.Generate(r), lb = b.Generate(r);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  ASSERT_EQ(la->first_logits.size(), lb->first_logits.size());
+  EXPECT_NE(0, std::memcmp(la->first_logits.data(), lb->first_logits.data(),
+                           la->first_logits.size() * sizeof(float)));
+}
+
+TEST_P(Serving, RejectsRequestsThatCannotFitAndKeepsServing) {
   ServingEngine se(*engine_, {});
   Request r = Greedy(Chat({{"user", "Hi"}}), 182 * 16);
   auto c = se.Generate(r);
