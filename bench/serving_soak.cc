@@ -1,6 +1,6 @@
 // Randomised soak of the serving engine on the real model (not run in CI):
 //   build/bin/serving_soak [--seconds 600] [--model PATH] [--threads N] [--kv-cache-mem MiB]
-//       [--seed S] [--preempt P]
+//       [--seed S] [--preempt P] [--activation-bits 16|8] (and the other launch flags)
 //   mpirun -np 2 build/bin/serving_soak --pp 2 ...   (pipelined steps; any --tp/--pp/--dp)
 // Random requests over a few shared documents, multi-turn sessions, cancellations and forced
 // preemption in a small KV pool. Checked throughout: block accounting is consistent, every step

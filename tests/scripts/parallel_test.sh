@@ -108,6 +108,21 @@ PY
   echo "batch tp=$tp pp=$pp: 5 requests batched with preemption = alone = single process ($(grep -o 'requests in.*' "$work/err"))"
 done
 
+# The same with 8-bit activations (--activation-bits 8) under tp = 2: batched with preemption
+# = the single process alone, under those numerics.
+"$bin" run "${batch[@]}" --max-seqs 1 --no-prefix-reuse --activation-bits 8 >"$work/batch.ref8" 2>/dev/null ||
+  fail "batch alone, 8-bit activations"
+"${mpi[@]}" -np 2 "$bin" run --tp 2 "${batch[@]}" --max-seqs 8 --max-batched-tokens 64 --kv-cache-mem 8 \
+  --test-preempt 0.5 --activation-bits 8 >"$work/batch.a8" 2>"$work/err" ||
+  fail "batch tp=2, 8-bit activations: $(tail -n 3 "$work/err")"
+python3 - "$work/batch.ref8" "$work/batch.a8" <<'PY' || fail "batch tp=2 with 8-bit activations differs"
+import json, sys
+ref, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "batched tp=2 differs from alone"
+assert sum(r["preemptions"] for r in got) > 0, "nothing was preempted"
+PY
+echo "batch tp=2, 8-bit activations: batched with preemption = alone in the single process"
+
 # Data parallelism: dp = 2 (and dp = 2 x tp = 2, dp = 2 x pp = 2) replicas, the coordinator routing requests
 # between them: the same tokens as the single process, both replicas used, and a session kept on
 # its replica (cached tokens climb).
