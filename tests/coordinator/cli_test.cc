@@ -102,6 +102,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--config", WriteTemp("c3.yaml", "data_parallel_size: 2\n")},
                      "world size 1 does not match dp x pp x tp = 2 x 1 x 1");
   ExpectOneLineError({"serve", "--config", WriteTemp("c4.yaml", "port: [1, 2\n")}, "line ");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "activation_bits: 12\n")},
+                     "--activation-bits must be 8 or 16, not 12");
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");
   ExpectOneLineError({"serve", "--port", "70000"}, "--port");
