@@ -846,7 +846,7 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
 // VPMADDUBSW'd against the token's broadcast activation quad into int16 pair sums of its rows,
 // which stay in int16 for the whole block (8 quads x 2 x 15 x 127 = 30,480 < 2^15: exact) and
 // are widened once per block by a VPMADDWD against ones. Both halves per pass, N <= 4 tokens;
-// the fp32 steps are PackedTileReference's, lane for lane (same bits).
+// the fp32 steps are PackedTileA8Reference's, lane for lane (same bits).
 template <DType T, int N>
 KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride,
                               float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
