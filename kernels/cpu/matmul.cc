@@ -52,7 +52,7 @@ Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool
 }
 
 // Whether tile [r0, r1) of w runs on its packed groups.
-bool PackedTile(const WeightMatrix& w, int64_t r0, int64_t r1) {
+bool RunsPacked(const WeightMatrix& w, int64_t r0, int64_t r1) {
   return w.packed != nullptr && r0 % kPackRows == 0 && r1 - r0 == kPackRows && r1 <= w.packed_rows;
 }
 
@@ -112,7 +112,7 @@ void FloatTile(const MatMulArgs& a, int64_t r0, int64_t r1) {
 
 void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
   const auto& d = cpu::Prims();
-  if (PackedTile(a.w, r0, r1)) {
+  if (RunsPacked(a.w, r0, r1)) {
     const int64_t nb = a.w.cols / kQK;
     const int64_t group_bytes = nb * PackedGroupBlockBytes(a.w.type);
     const uint8_t* group = a.w.packed + r0 / kPackRows * group_bytes;
@@ -160,7 +160,7 @@ void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool, const Pre
       const int64_t r1 = std::min(r + kRowTile, end);
       tiles.push_back({static_cast<int32_t>(m), r, r1});
       if (!IsIntegerPath(a.w.type)) continue;
-      const bool eight = a.w.packed_a8 && PackedTile(a.w, r, r1);
+      const bool eight = a.w.packed_a8 && RunsPacked(a.w, r, r1);
       a8 |= eight;
       a16 |= !eight;
     }

@@ -259,26 +259,35 @@ TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
   }
 }
 
+// One input shared by matrices of several types: quantised once (in both widths where some rows
+// are packed for 8-bit activations and others, such as a tail of rows or Q8_0, keep 16 bits),
+// each product equal to the same matrix alone. Unpacked, packed for 16 and for 8 bits.
 TEST_P(IsaTest, MatMulManySharesOneInputAcrossTypes) {
   ThreadPool pool(2);
   const int64_t cols = 96, tokens = 6;
   const auto x = Randn(tokens * cols, 21);
   const DType types[] = {DType::kQ4_1, DType::kQ8_0, DType::kF16, DType::kQ4_0};
-  const int64_t rows[] = {19, 8, 5, 33};
-  std::vector<std::vector<uint8_t>> w;
-  std::vector<std::vector<float>> one(4), many(4);
-  std::vector<MatMulArgs> args;
-  for (int i = 0; i < 4; ++i) {
-    w.push_back(RandomWeights(types[i], rows[i], cols, 100 + i));
-    one[i].assign(tokens * rows[i], 0.0f);
-    many[i].assign(tokens * rows[i], 1.0f);
-    const WeightMatrix wm{types[i], w[i].data(), rows[i], cols,
-                          static_cast<size_t>(RowBytes(types[i], cols))};
-    MatMulCpu({wm, x.data(), one[i].data(), tokens, rows[i]}, pool);
-    args.push_back({wm, x.data(), many[i].data(), tokens, rows[i]});
+  const int64_t rows[] = {19, 32, 5, 33};
+  for (const int mode : {0, 16, 8}) {
+    std::vector<std::vector<uint8_t>> w, storage(4);
+    std::vector<std::vector<float>> one(4), many(4);
+    std::vector<MatMulArgs> args;
+    for (int i = 0; i < 4; ++i) {
+      w.push_back(RandomWeights(types[i], rows[i], cols, 100 + i));
+      one[i].assign(tokens * rows[i], 0.0f);
+      many[i].assign(tokens * rows[i], 1.0f);
+      const ActBits bits = mode == 8 ? ActBits::k8 : ActBits::k16;
+      WeightMatrix wm{types[i], w[i].data(), rows[i], cols,
+                      static_cast<size_t>(RowBytes(types[i], cols))};
+      if (mode != 0) wm = PackWeights(wm, storage[i], nullptr, bits);
+      EXPECT_EQ(wm.packed_a8, mode == 8 && PacksForA8(types[i], bits) && rows[i] >= 16);
+      MatMulCpu({wm, x.data(), one[i].data(), tokens, rows[i]}, pool);
+      args.push_back({wm, x.data(), many[i].data(), tokens, rows[i]});
+    }
+    MatMulManyCpu(args, pool);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(one[i], many[i]) << TraitsOf(types[i]).name << " " << mode;
   }
-  MatMulManyCpu(args, pool);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(one[i], many[i]) << TraitsOf(types[i]).name;
 }
 
 // The prepare hook fills each input row once before it is read, for integer and float weights
