@@ -30,15 +30,16 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       for (int k = 0; k < 16; ++k) {
         for (int j = 0; j < 2; ++j) q[32 * k + 2 * r + j] = static_cast<uint8_t>(qs[2 * k + j]);
       }
-    } else if (a8) {
-      const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
+      continue;
+    }
+    const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
+    if (a8) {
       for (int p = 0; p < 8; ++p) {
         for (int e = 0; e < 4; ++e) {
           q[32 * p + 4 * (r % 8) + e] |= static_cast<uint8_t>(Nibble(qs, 4 * p + e) << (r / 8 * 4));
         }
       }
     } else {
-      const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
       for (int p = 0; p < 8; ++p) {
         for (int j = 0; j < 2; ++j) {
           q[32 * p + 2 * r + j] =

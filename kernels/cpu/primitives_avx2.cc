@@ -847,6 +847,17 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
 // which stay in int16 for the whole block (8 quads x 2 x 15 x 127 = 30,480 < 2^15: exact) and
 // are widened once per block by a VPMADDWD against ones. Both halves per pass, N <= 4 tokens;
 // the fp32 steps are PackedTileA8Reference's, lane for lane (same bits).
+// Q4_1: a group-block's minimums times each token's scale x sum (a: the tokens' blocks of it).
+template <int N>
+KVMESH_AVX2_INLINE void AddMinsA8(const uint8_t* blk, const BlockA8* a, int64_t a_stride,
+                                  __m256 (&mins)[N][2]) {
+  const __m256 m[2] = {_mm256_cvtph_ps(Load16(blk + 32)), _mm256_cvtph_ps(Load16(blk + 48))};
+  for (int t = 0; t < N; ++t) {
+    const __m256 ds = _mm256_set1_ps(a[t * a_stride].dsum);
+    for (int h = 0; h < 2; ++h) mins[t][h] = _mm256_fmadd_ps(m[h], ds, mins[t][h]);
+  }
+}
+
 template <DType T, int N>
 KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride,
                               float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
@@ -891,27 +902,14 @@ KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a
         acc[t][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), ad), dw[h], acc[t][h]);
       }
     }
-    if constexpr (kMin && N < 3) {
-      const __m256 m[2] = {_mm256_cvtph_ps(Load16(blk + 32)), _mm256_cvtph_ps(Load16(blk + 48))};
-      for (int t = 0; t < N; ++t) {
-        const __m256 ds = _mm256_set1_ps(ab[t]->dsum);
-        for (int h = 0; h < 2; ++h) mins[t][h] = _mm256_fmadd_ps(m[h], ds, mins[t][h]);
-      }
-    }
+    if constexpr (kMin && N < 3) AddMinsA8(blk, a + b, a_stride, mins);
   }
   // From 3 tokens the Q4_1 minimums are a second pass over the scales (fma in block order, as
   // the reference), so the first pass keeps only the int16 sums and the fp32 accumulators
   // (one thread, 9 alternating rounds, minimum / median: 16 tokens 1.05x / 1.17x, 64 tokens
   // 1.02x / 1.02x).
   if constexpr (kMin && N >= 3) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = group + b * kGroupBlock;
-      const __m256 m[2] = {_mm256_cvtph_ps(Load16(blk + 32)), _mm256_cvtph_ps(Load16(blk + 48))};
-      for (int t = 0; t < N; ++t) {
-        const __m256 ds = _mm256_set1_ps(a[t * a_stride + b].dsum);
-        for (int h = 0; h < 2; ++h) mins[t][h] = _mm256_fmadd_ps(m[h], ds, mins[t][h]);
-      }
-    }
+    for (int64_t b = 0; b < nb; ++b) AddMinsA8(group + b * kGroupBlock, a + b, a_stride, mins);
   }
   for (int t = 0; t < N; ++t) {
     for (int h = 0; h < 2; ++h) {
