@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "kernels/fp16.h"
@@ -12,6 +13,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/packed.h"
+#include "util/huge_pages.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -116,7 +118,11 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
   ThreadPool pool(static_cast<int>(st.range(2)));
   const int64_t half = KV * hd * bs, shared_blocks = ctx / bs, own_blocks = (own + bs - 1) / bs;
   const int64_t n_blocks = shared_blocks + seqs * own_blocks, block_stride = layers * 2 * half;
-  std::vector<uint16_t> cache(n_blocks * block_stride);
+  // Allocated as the KV arena allocates (kvstore/block_arena.cc: on huge pages).
+  const util::HugePageRegion region =
+      util::HugePageRegion::Map(static_cast<size_t>(n_blocks * block_stride) * sizeof(uint16_t));
+  const std::span<uint16_t> cache(reinterpret_cast<uint16_t*>(region.data()),
+                                  static_cast<size_t>(n_blocks * block_stride));
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& h : cache) h = FloatToFp16(u(rng));

@@ -68,4 +68,11 @@ bool PackedKernelIsFast();
 WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage,
                          ThreadPool* pool = nullptr, ActBits bits = ActBits::k16);
 
+// Bytes PackWeights stores for w (0 if it packs nothing).
+int64_t PackedBytes(const WeightMatrix& w);
+// The same, packed into dst (PackedBytes(w) bytes; the caller's memory, e.g. one huge-page
+// region for every matrix of a model: util/huge_pages.h).
+WeightMatrix PackWeights(const WeightMatrix& w, uint8_t* dst, ThreadPool* pool = nullptr,
+                         ActBits bits = ActBits::k16);
+
 }  // namespace kvmesh::kernels

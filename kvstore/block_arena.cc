@@ -1,8 +1,7 @@
 #include "kvstore/block_arena.h"
 
-#include <sys/mman.h>
-
 #include <cstring>
+#include <utility>
 
 #include "util/str_cat.h"
 
@@ -19,18 +18,15 @@ absl::StatusOr<std::unique_ptr<KvBlockArena>> KvBlockArena::Create(const KvBlock
   }
   const size_t bytes = static_cast<size_t>(shape.block_bytes()) * static_cast<size_t>(n_blocks);
   // Anonymous pages: reserved now, committed (zeroed) by the kernel when first written, so
-  // resident memory follows the blocks actually used rather than the budget.
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
+  // resident memory follows the blocks actually used rather than the budget (blocks are handed
+  // out from the low end: BlockManager).
+  util::HugePageRegion region = util::HugePageRegion::Map(bytes);
+  if (region.data() == nullptr) {
     return absl::ResourceExhaustedError(
         StrCat("KV arena: cannot map ", bytes >> 20, " MiB for ", n_blocks, " blocks"));
   }
-  return std::unique_ptr<KvBlockArena>(
-      new KvBlockArena(shape, n_blocks, static_cast<uint16_t*>(p), bytes));
+  return std::unique_ptr<KvBlockArena>(new KvBlockArena(shape, n_blocks, std::move(region)));
 }
-
-KvBlockArena::~KvBlockArena() { munmap(data_, bytes_); }
 
 void KvBlockArena::CopyBlock(int32_t src, int32_t dst) {
   std::memcpy(block(dst), block(src), static_cast<size_t>(shape_.block_bytes()));

@@ -9,14 +9,17 @@
 // per-layer base pointer plus b * block_stride(), so attention reads through a block table.
 //
 // Which block holds what is decided by the coordinator (kvstore::BlockManager); the arena is
-// only storage. Memory is reserved up front and committed as blocks are first written.
+// only storage. Memory is reserved up front (on huge pages where the kernel gives them:
+// util/huge_pages.h) and committed as blocks are first written.
 // Thread-compatible.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "util/huge_pages.h"
 
 namespace kvmesh::kvstore {
 
@@ -38,7 +41,6 @@ class KvBlockArena {
   // InvalidArgument for a degenerate shape; ResourceExhausted if the memory cannot be mapped.
   static absl::StatusOr<std::unique_ptr<KvBlockArena>> Create(const KvBlockShape& shape,
                                                               int32_t n_blocks);
-  ~KvBlockArena();
   KvBlockArena(const KvBlockArena&) = delete;
   KvBlockArena& operator=(const KvBlockArena&) = delete;
 
@@ -56,12 +58,15 @@ class KvBlockArena {
   void CopyBlock(int32_t src, int32_t dst);
 
  private:
-  KvBlockArena(const KvBlockShape& shape, int32_t n_blocks, uint16_t* data, size_t bytes)
-      : shape_(shape), n_blocks_(n_blocks), data_(data), bytes_(bytes) {}
+  KvBlockArena(const KvBlockShape& shape, int32_t n_blocks, util::HugePageRegion region)
+      : shape_(shape),
+        n_blocks_(n_blocks),
+        region_(std::move(region)),
+        data_(reinterpret_cast<uint16_t*>(region_.data())) {}
   KvBlockShape shape_;
   int32_t n_blocks_;
-  uint16_t* data_;  // mmap'd, bytes_ long
-  size_t bytes_;
+  util::HugePageRegion region_;
+  uint16_t* data_;  // region_'s bytes
 };
 
 }  // namespace kvmesh::kvstore

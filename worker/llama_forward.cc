@@ -49,17 +49,39 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
   const bool pack = kernels::PackedKernelIsFast();
   for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
     model::LlamaLayer& L = layers_.emplace_back(model::SliceLayer(model.layer(l), c, shard));
-    if (pack) {
-      for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-        *w = kernels::PackWeights(*w, owned_.emplace_back(), &pool, act_bits);
-        eight_bit_ |= w->packed_a8;
-        // Fully packed: its plain pages are not read again (they would refault if they were).
-        if (w->packed_rows == w->rows) {
-          model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
-        }
-      }
-    } else if (shard.tp_size > 1) {
+    if (!pack && shard.tp_size > 1) {
       for (kernels::WeightMatrix* w : {&L.wo, &L.w_down}) *w = Materialise(*w);
+    }
+  }
+  output_ = model::SliceOutput(model.output(), shard);
+  if (pack) {
+    // Every packed matrix in one region on huge pages (util/huge_pages.h), each at a line.
+    std::vector<kernels::WeightMatrix*> mats;
+    for (model::LlamaLayer& L : layers_) {
+      for (kernels::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+        mats.push_back(w);
+    }
+    if (place.stage.last()) mats.push_back(&output_);
+    auto aligned = [](int64_t b) { return (b + 63) / 64 * 64; };
+    int64_t bytes = 0;
+    for (const kernels::WeightMatrix* w : mats) bytes += aligned(kernels::PackedBytes(*w));
+    packed_ = util::HugePageRegion::Map(static_cast<size_t>(bytes));
+    int64_t at = 0;
+    for (kernels::WeightMatrix* w : mats) {
+      const int64_t b = kernels::PackedBytes(*w);
+      if (b == 0) continue;
+      // (Should the region not map, each matrix gets a vector of its own.)
+      uint8_t* dst = packed_.data() != nullptr ? packed_.data() + at
+                                               : owned_.emplace_back(static_cast<size_t>(b)).data();
+      *w = kernels::PackWeights(*w, dst, &pool, act_bits);
+      at += aligned(b);
+      eight_bit_ |= w->packed_a8;
+      // Fully packed: its plain pages are not read again (they would refault if they were).
+      // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
+      if (w->packed_rows == w->rows &&
+          (w != &output_ || model.output().data != model.tok_embd().data)) {
+        model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
+      }
     }
   }
   if (shard.tp_size > 1) {
@@ -68,15 +90,6 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
       for (const kernels::WeightMatrix* w : {&model.layer(l).wo, &model.layer(l).w_down}) {
         model.gguf().DropPages(w->data, static_cast<size_t>(w->rows) * w->row_bytes);
       }
-    }
-  }
-  output_ = model::SliceOutput(model.output(), shard);
-  if (pack && place.stage.last()) {
-    output_ = kernels::PackWeights(output_, owned_.emplace_back(), &pool, act_bits);
-    eight_bit_ |= output_.packed_a8;
-    // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
-    if (output_.packed_rows == output_.rows && model.output().data != model.tok_embd().data) {
-      model.gguf().DropPages(output_.data, static_cast<size_t>(output_.rows) * output_.row_bytes);
     }
   }
   for (int r = 0; r < shard.tp_size; ++r) {

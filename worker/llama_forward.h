@@ -23,6 +23,7 @@
 #include "kvstore/block_arena.h"
 #include "model/llama_model.h"
 #include "model/shard.h"
+#include "util/huge_pages.h"
 #include "worker/step_plan.h"
 
 namespace kvmesh::worker {
@@ -105,8 +106,9 @@ class LlamaForward {
   comm::Communicator* comm_ = nullptr;  // null: one rank
   PipelinePlace place_;
   std::vector<model::LlamaLayer> layers_;  // this rank's views
-  // Rank-owned weight bytes: packed matrices, or (without a packed kernel) the column slices
-  // O and down of a TP shard copied into contiguous rows.
+  // Rank-owned weight bytes: the packed matrices, in one huge-page region; or (without a packed
+  // kernel) the column slices O and down of a TP shard copied into contiguous rows.
+  util::HugePageRegion packed_;
   std::vector<std::vector<uint8_t>> owned_;
   kernels::WeightMatrix output_;
   std::vector<float> local_logits_;

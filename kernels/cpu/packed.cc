@@ -21,6 +21,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
                     uint8_t* dst) {
   const int64_t bb = TraitsOf(t).block_bytes;
   uint8_t* q = dst + ScaleBytes(t);
+  if (a8) std::memset(q, 0, 8 * 32);  // its rows' nibbles are OR-ed in
   for (int r = 0; r < kPackRows; ++r) {
     const uint8_t* blk = rows + r * row_bytes + b * bb;
     std::memcpy(dst + 2 * r, blk, 2);                                  // d
@@ -68,20 +69,29 @@ bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t 
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
 
+int64_t PackedBytes(const WeightMatrix& w) {
+  if (!PackableType(w.type) || w.rows < kPackRows) return 0;
+  return w.rows / kPackRows * (w.cols / kQK) * PackedGroupBlockBytes(w.type);
+}
+
 WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, ThreadPool* pool,
                          ActBits bits) {
+  storage.assign(static_cast<size_t>(PackedBytes(w)), 0);
+  return PackWeights(w, storage.data(), pool, bits);
+}
+
+WeightMatrix PackWeights(const WeightMatrix& w, uint8_t* dst, ThreadPool* pool, ActBits bits) {
   WeightMatrix out = w;
   const bool a8 = PacksForA8(w.type, bits);
-  if (!PackableType(w.type) || w.rows < kPackRows) return out;
+  if (PackedBytes(w) == 0) return out;
   const int64_t groups = w.rows / kPackRows, nb = w.cols / kQK;
   const int64_t gb = PackedGroupBlockBytes(w.type);
-  storage.assign(static_cast<size_t>(groups * nb * gb), 0);
   const auto* base = static_cast<const uint8_t*>(w.data);
   auto pack = [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t b = 0; b < nb; ++b) {
         PackGroupBlock(w.type, a8, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
-                       storage.data() + (g * nb + b) * gb);
+                       dst + (g * nb + b) * gb);
       }
     }
   };
@@ -90,7 +100,7 @@ WeightMatrix PackWeights(const WeightMatrix& w, std::vector<uint8_t>& storage, T
   } else {
     pack(0, groups);
   }
-  out.packed = storage.data();
+  out.packed = dst;
   out.packed_rows = groups * kPackRows;
   out.packed_a8 = a8;
   return out;

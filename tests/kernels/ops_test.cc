@@ -198,6 +198,14 @@ void PackedMatMulCases(ActBits bits) {
     const WeightMatrix wm = PackWeights(plain, storage, nullptr, bits);
     ASSERT_EQ(wm.packed_rows, c.rows / 16 * 16) << name;
     ASSERT_EQ(wm.packed_a8, a8) << name;
+    // Packed into the caller's memory (as the forward pass packs into one region), whatever
+    // that memory held: the same bytes.
+    ASSERT_EQ(static_cast<int64_t>(storage.size()), PackedBytes(plain)) << name;
+    std::vector<uint8_t> dirty(storage.size(), 0xa5);
+    const WeightMatrix into = PackWeights(plain, dirty.data(), nullptr, bits);
+    ASSERT_EQ(into.packed, dirty.data()) << name;
+    ASSERT_EQ(into.packed_rows, wm.packed_rows) << name;
+    ASSERT_TRUE(dirty == storage) << name;
     const std::vector<double> ref = ExactProduct(plain, x, c.tokens);
     std::vector<float> out(c.tokens * c.rows, 12345.0f);
     MatMulCpu({wm, x.data(), out.data(), c.tokens, c.rows}, pool);
