@@ -48,9 +48,9 @@ class KvBlockArena {
   int32_t n_blocks() const { return n_blocks_; }
 
   // Start of block b (block_elems() fp16 values).
-  uint16_t* block(int32_t b) { return data_ + b * shape_.block_elems(); }
+  uint16_t* block(int32_t b) { return data() + b * shape_.block_elems(); }
   // Layer l's K (V) in block 0; block b's is at that + b * block_stride().
-  uint16_t* k(int64_t l) { return data_ + l * shape_.layer_elems(); }
+  uint16_t* k(int64_t l) { return data() + l * shape_.layer_elems(); }
   uint16_t* v(int64_t l) { return k(l) + shape_.block_size * shape_.pos_stride(); }
   int64_t block_stride() const { return shape_.block_elems(); }
 
@@ -59,14 +59,11 @@ class KvBlockArena {
 
  private:
   KvBlockArena(const KvBlockShape& shape, int32_t n_blocks, util::HugePageRegion region)
-      : shape_(shape),
-        n_blocks_(n_blocks),
-        region_(std::move(region)),
-        data_(reinterpret_cast<uint16_t*>(region_.data())) {}
+      : shape_(shape), n_blocks_(n_blocks), region_(std::move(region)) {}
+  uint16_t* data() const { return reinterpret_cast<uint16_t*>(region_.data()); }
   KvBlockShape shape_;
   int32_t n_blocks_;
-  util::HugePageRegion region_;
-  uint16_t* data_;  // region_'s bytes
+  util::HugePageRegion region_;  // the blocks, one after another
 };
 
 }  // namespace kvmesh::kvstore
