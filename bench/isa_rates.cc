@@ -8,7 +8,9 @@
 // other instructions, read against 8 chains beside a register move). Multiply-adds per instruction
 // turn it into the peak of each kind of product: VPDPWSSD is the 16-bit-activation integer product
 // (kernels/packed.h), VFMADD231PS the fp32 attention, VPDPBUSD and VDPBF16PS the cheaper-arithmetic
-// alternatives. Then, which other instructions take the units VPDPWSSD runs on.
+// alternatives. Then, which other instructions take the units VPDPWSSD runs on. On AVX2 machines,
+// the 256-bit loops the AVX2 kernels are built of (no VNNI: a product is a multiply and an add),
+// down to one step of the packed product and one dim of attention's q.k tile.
 #include <immintrin.h>
 
 #include <chrono>
@@ -127,6 +129,88 @@ KVMESH_MIX(MixAnd, "vpandd %12, %13, ")
 KVMESH_MIX(MixShift, "vpsrlw $4, %12, ")
 #undef KVMESH_MIX
 
+// The 256-bit (AVX2 + FMA + F16C) loops: what the AVX2 kernels are built of, on machines
+// without VNNI, where an integer product is a multiply (VPMADDWD / VPMADDUBSW) and a separate add
+// into the sums. Each is one timed loop over fixed registers; main's table says how many of the
+// counted units (instructions, pairs or kernel steps) one iteration holds.
+// clang-format off
+#define KVMESH_AVX2_LOOP(name, body)                                              \
+  __attribute__((target("avx2,fma,f16c"))) void name() {                          \
+    alignas(64) static uint8_t buf[256] = {};                                     \
+    const uint8_t* p = buf;                                                       \
+    for (int i = 0; i < kBurst; ++i) {                                            \
+      __asm__ volatile(body : : [p] "r"(p)                                        \
+                       : "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", \
+                         "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",  \
+                         "xmm13", "xmm14", "xmm15");                              \
+    }                                                                             \
+  }
+
+// 12 VFMADD231PS chains.
+#define KVMESH_F(r) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #r "\n\t"
+KVMESH_AVX2_LOOP(Avx2Fma, KVMESH_F(0) KVMESH_F(1) KVMESH_F(2) KVMESH_F(3) KVMESH_F(4) KVMESH_F(5)
+                          KVMESH_F(6) KVMESH_F(7) KVMESH_F(8) KVMESH_F(9) KVMESH_F(10) KVMESH_F(11))
+#undef KVMESH_F
+
+// 8 chains of a VPMADDWD into a temporary and a VPADDD of it into the sums (16 int16
+// multiply-adds per pair: the 16-bit-activation product without VNNI).
+#define KVMESH_W(t, r) "vpmaddwd %%ymm14, %%ymm15, %%ymm" #t "\n\t" \
+                       "vpaddd %%ymm" #t ", %%ymm" #r ", %%ymm" #r "\n\t"
+KVMESH_AVX2_LOOP(Avx2MaddwdAdd, KVMESH_W(8, 0) KVMESH_W(9, 1) KVMESH_W(10, 2) KVMESH_W(11, 3)
+                                KVMESH_W(12, 4) KVMESH_W(13, 5) KVMESH_W(8, 6) KVMESH_W(9, 7))
+
+// The same with VPMADDUBSW and VPADDW (32 multiply-adds per pair: the 8-bit product).
+#define KVMESH_B(t, r) "vpmaddubsw %%ymm14, %%ymm15, %%ymm" #t "\n\t" \
+                       "vpaddw %%ymm" #t ", %%ymm" #r ", %%ymm" #r "\n\t"
+KVMESH_AVX2_LOOP(Avx2MaddubswAdd, KVMESH_B(8, 0) KVMESH_B(9, 1) KVMESH_B(10, 2) KVMESH_B(11, 3)
+                                  KVMESH_B(12, 4) KVMESH_B(13, 5) KVMESH_B(8, 6) KVMESH_B(9, 7))
+#undef KVMESH_B
+
+// 4 VPMADDWD + VPADDD pairs and 4 VFMADD231PS per iteration: were they on separate units, an
+// iteration would cost the larger of the two parts; it costs about their sum.
+#define KVMESH_FMA(r) "vfmadd231ps %%ymm12, %%ymm13, %%ymm" #r "\n\t"
+KVMESH_AVX2_LOOP(Avx2MaddwdBesideFma, KVMESH_W(8, 0) KVMESH_FMA(4) KVMESH_W(9, 1) KVMESH_FMA(5)
+                                      KVMESH_W(10, 2) KVMESH_FMA(6) KVMESH_W(11, 3) KVMESH_FMA(7))
+#undef KVMESH_FMA
+#undef KVMESH_W
+
+// One step of the AVX2 16-bit packed kernel (primitives_avx2.cc PackedGroup4: 4 elements of 16
+// weight rows against 4 tokens, 256 multiply-adds): 16 bytes of nibbles zero-extended from
+// memory and split, then per token two broadcast activation pairs, each into two VPMADDWD +
+// VPADDD.
+#define KVMESH_UNPACK "vpmovzxbw 128(%[p]), %%ymm10\n\tvpmovzxbw 144(%[p]), %%ymm11\n\t"    \
+                      "vpand %%ymm15, %%ymm10, %%ymm8\n\tvpsrlw $4, %%ymm10, %%ymm10\n\t"   \
+                      "vpand %%ymm15, %%ymm11, %%ymm9\n\tvpsrlw $4, %%ymm11, %%ymm11\n\t"
+#define KVMESH_PAIR(off, w0, w1, s0, s1)                                    \
+  "vpbroadcastd " off "(%[p]), %%ymm12\n\t"                                 \
+  "vpmaddwd %%ymm12, %%ymm" #w0 ", %%ymm13\n\t"                             \
+  "vpaddd %%ymm13, %%ymm" #s0 ", %%ymm" #s0 "\n\t"                          \
+  "vpmaddwd %%ymm12, %%ymm" #w1 ", %%ymm12\n\t"                             \
+  "vpaddd %%ymm12, %%ymm" #s1 ", %%ymm" #s1 "\n\t"
+#define KVMESH_TOKEN(off, s0, s1) KVMESH_PAIR(#off, 8, 9, s0, s1) \
+                                  KVMESH_PAIR("4+" #off, 10, 11, s0, s1)
+KVMESH_AVX2_LOOP(Avx2PackedStep, KVMESH_UNPACK KVMESH_TOKEN(0, 0, 4) KVMESH_TOKEN(32, 1, 5)
+                                 KVMESH_TOKEN(64, 2, 6) KVMESH_TOKEN(96, 3, 7))
+#undef KVMESH_TOKEN
+#undef KVMESH_PAIR
+#undef KVMESH_UNPACK
+
+// One dim of attention's q.k tile (primitives_avx2.cc QkTile<3, 4>: 3 query heads x 32 keys):
+// the 3 heads' query values broadcast, then 4 vectors of 8 fp16 keys converted from memory,
+// each into 3 fused multiply-adds (12).
+#define KVMESH_BCAST "vbroadcastss 192(%[p]), %%ymm0\n\tvbroadcastss 196(%[p]), %%ymm1\n\t" \
+                     "vbroadcastss 200(%[p]), %%ymm2\n\t"
+#define KVMESH_KEYS(off, a, b, c) "vcvtph2ps " #off "(%[p]), %%ymm3\n\t"     \
+                                  "vfmadd231ps %%ymm3, %%ymm0, %%ymm" #a "\n\t" \
+                                  "vfmadd231ps %%ymm3, %%ymm1, %%ymm" #b "\n\t" \
+                                  "vfmadd231ps %%ymm3, %%ymm2, %%ymm" #c "\n\t"
+KVMESH_AVX2_LOOP(Avx2QkTileDim, KVMESH_BCAST KVMESH_KEYS(0, 4, 5, 6) KVMESH_KEYS(16, 7, 8, 9)
+                                KVMESH_KEYS(32, 10, 11, 12) KVMESH_KEYS(48, 13, 14, 15))
+#undef KVMESH_KEYS
+#undef KVMESH_BCAST
+#undef KVMESH_AVX2_LOOP
+// clang-format on
+
 // A chain of 4 x 10 x kBurst dependent integer adds (one per cycle): the clock rate.
 void BurstAdds() {
   int64_t x = 0;
@@ -157,7 +241,7 @@ int main(int argc, char** argv) {
   const bool vnni = __builtin_cpu_supports("avx512vnni");
   const bool bf16 = __builtin_cpu_supports("avx512bf16");
   const double hz = BurstsPerSecond(seconds, BurstAdds) * 40.0 * kBurst;
-  std::printf("clock (dependent adds): %.2f GHz; one thread, 512-bit registers\n", hz / 1e9);
+  std::printf("clock (dependent adds): %.2f GHz; one thread\n512-bit registers:\n", hz / 1e9);
   std::printf("%-17s %14s %12s %14s %22s\n", "instruction", "G instr/s", "per cycle",
               "MACs / instr", "G multiply-adds / s");
   struct Row {
@@ -205,6 +289,30 @@ int main(int argc, char** argv) {
       const double per_cycle = BurstsPerSecond(seconds, m.burst) * 8.0 * kBurst / hz;
       if (alone == 0) alone = per_cycle;
       std::printf("  + %-17s %5.2f  %4.2f\n", m.name, per_cycle, per_cycle / alone);
+    }
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    std::printf(
+        "\n256-bit loops (the AVX2 kernels; products without VNNI are a multiply and an add):\n");
+    std::printf("%-44s %12s %14s %20s\n", "loop", "per cycle", "MACs / unit",
+                "multiply-adds / cycle");
+    const struct {
+      const char* name;
+      void (*burst)();
+      int per;   // counted units per iteration
+      int macs;  // multiply-adds per unit
+    } loops[] = {
+        {"vfmadd231ps (12 chains)", Avx2Fma, 12, 8},
+        {"vpmaddwd + vpaddd pair (8 chains)", Avx2MaddwdAdd, 8, 16},
+        {"vpmaddubsw + vpaddw pair (8 chains)", Avx2MaddubswAdd, 8, 32},
+        {"4 vpmaddwd+vpaddd pairs + 4 vfmadd231ps", Avx2MaddwdBesideFma, 1, 96},
+        {"packed 16-bit step (16 rows x 4 el. x 4 tok.)", Avx2PackedStep, 1, 256},
+        {"q.k tile dim (3 bcast, 4 vcvtph2ps, 12 FMA)", Avx2QkTileDim, 1, 96},
+    };
+    for (const auto& l : loops) {
+      const double per_cycle = BurstsPerSecond(seconds, l.burst) * l.per * kBurst / hz;
+      std::printf("%-44s %12.3f %14d %20.1f\n", l.name, per_cycle, l.macs, per_cycle * l.macs);
     }
   }
   return 0;

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
@@ -157,6 +158,50 @@ BENCHMARK(BM_PagedAttentionSharedDecode)
     ->Args({1024, 16, 2, 0})  // the shared part alone
     ->Args({1024, 16, 1, 0})  // and on one thread (a row pass: 1/768 of it)
     ->UseRealTime();
+
+// arg: 0 q.k, 1 exp, 2 p.v. One part of a shared-prefix row pass (primitives.h: qk_t_f16,
+// exp_shifted_sum per head, pv_f16) as attention runs it (3 query heads of one KV head over a
+// chunk of 64 fp16 keys in four 16-position blocks), its data in L1, one thread: each part's
+// cost against its arithmetic (q.k and p.v 1,536 fused multiply-adds each; isa_rates gives the
+// rates of the loops they are built of).
+void BM_AttentionRowPass(benchmark::State& st) {
+  const auto& p = cpu::Prims();
+  constexpr int64_t G = 3, d = 64, n = 64, bs = 16, stride = 2 + d;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> k(d * n), v(n * d);
+  for (auto& h : k) h = FloatToFp16(u(rng));
+  for (auto& h : v) h = FloatToFp16(u(rng));
+  const uint16_t* groups[n / bs];
+  for (int64_t c = 0; c < n / bs; ++c) groups[c] = k.data() + c * d * bs;
+  const uint16_t* rows[n];
+  for (int64_t j = 0; j < n; ++j) rows[j] = v.data() + j * d;
+  std::vector<float> q(G * d), scores(G * n), rec(G * stride, 0.0f);
+  for (auto& x : q) x = u(rng);
+  float row_max[G];
+  p.qk_t_f16(q.data(), G, d, groups, bs, n, 0.125f, scores.data(), n, row_max);
+  for (int64_t g = 0; g < G; ++g)
+    p.exp_shifted_sum(scores.data() + g * n, row_max[g], scores.data() + g * n, n);
+  const std::vector<float> logits = scores;
+  for (auto _ : st) {
+    switch (st.range(0)) {
+      case 0:
+        p.qk_t_f16(q.data(), G, d, groups, bs, n, 0.125f, scores.data(), n, row_max);
+        break;
+      case 1:  // the same scores each time (in place they would decay to 1)
+        for (int64_t g = 0; g < G; ++g) {
+          benchmark::DoNotOptimize(
+              p.exp_shifted_sum(logits.data() + g * n, 0.5f, scores.data() + g * n, n));
+        }
+        break;
+      default:
+        p.pv_f16(scores.data(), n, G, d, rows, n, rec.data() + 2, stride);
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_AttentionRowPass)->Arg(0)->Arg(1)->Arg(2);
 
 // What one core can read of the same bytes: the K and V of one layer of 16 sequences' 7 own
 // blocks (BM_PagedAttentionSharedDecode/0/16/1/100's data, same layout and block order), read
