@@ -59,11 +59,11 @@ struct Run {
 // The runs of keys [j0, j0 + n) contiguous in memory (inside one block).
 int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, int64_t n,
                Run* runs) {
-  int64_t k = 0;
-  for (int64_t j = j0; j < j0 + n;) {
-    const int64_t slot = j % a.block_size;
+  // One division: after the first run every run starts a block.
+  int64_t k = 0, b = j0 / a.block_size, slot = j0 - b * a.block_size;
+  for (int64_t j = j0; j < j0 + n; ++b, slot = 0) {
     const int64_t len = std::min(a.block_size - slot, j0 + n - j);
-    const int64_t block = table[j / a.block_size] * a.block_stride;
+    const int64_t block = table[b] * a.block_stride;
     runs[k++] = {j - j0, len, block + slot * a.pos_stride, block + slot};
     j += len;
   }
@@ -478,10 +478,20 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               }
             }
           }
-          auto prefetch = [&](int64_t i) {
-            for (int64_t l = i * n_lines / task.n_rows; l < (i + 1) * n_lines / task.n_rows; ++l) {
-              __builtin_prefetch(lines[l]);
+          // Row i of a pass asks for lines [i * n_lines / n_rows, (i + 1) * n_lines / n_rows),
+          // the bound stepped as quotient and remainder (its two divisions per row were ~1.5% of
+          // attention's samples in a 16-sequence decode).
+          const int64_t line_step = n_lines / task.n_rows, line_step_rem = n_lines % task.n_rows;
+          int64_t line_end = 0, line_rem = 0;  // reset for each KV head's pass below
+          auto prefetch = [&] {
+            const int64_t begin = line_end;
+            line_end += line_step;
+            line_rem += line_step_rem;
+            if (line_rem >= task.n_rows) {
+              ++line_end;
+              line_rem -= task.n_rows;
             }
+            for (int64_t l = begin; l < line_end; ++l) __builtin_prefetch(lines[l]);
           };
           const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
           for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
@@ -507,8 +517,9 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                 vrows[j] = vbase + runs[r].at + i * a.pos_stride;
             }
             kv.vrows = vrows;
+            line_end = line_rem = 0;
             for (int64_t i = 0; i < task.n_rows; ++i) {
-              prefetch(i);
+              prefetch();
               for (int64_t l = 0; l < side_per_pass && side_at < side.size(); ++l) {
                 __builtin_prefetch(side[side_at++]);
               }
