@@ -183,7 +183,8 @@ bool SameBlocks(const PagedAttentionArgs& a, const int32_t* x, const int32_t* y,
 // kSideBytes, and no more lines than kSideLinesPerPass per row pass of the several-row unit:
 // the thread asks for their lines a few at a time while the several-row unit runs, so they come
 // from its cache when their turn comes (16 sequences over 1K shared keys with 100 of their own,
-// BM_PagedAttentionSharedDecode/1024/16/2/100: ~6% less time). Every other unit is an item.
+// BM_PagedAttentionSharedDecode/1024/16/2/100: ~6% less time). Every other unit is an item, the
+// last one-row units among them (kTailUnitsPerThread, below).
 // The keys of a task's range that its rows reach (rows may differ: the most).
 int64_t KeysInRange(const Task& t, const std::vector<int64_t>& rows,
                     const std::vector<int64_t>& n_keys) {
@@ -208,8 +209,18 @@ void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u,
   }
 }
 
+// The last kTailUnitsPerThread x threads one-row units stay items of their own, claimed last:
+// small items that fill the end of the step when the threads' several-row items finish at
+// different times (one of two threads was idle for 7.5-17% of a 16-sequence layer's attention,
+// TSC timers). Alternating inside one process (15th session, Zen 3; bench/ab_inprocess.patch),
+// against every one-row unit bundled: BM_PagedAttentionSharedDecode 1024/16/2/100 0.93-0.95x,
+// 1024/16/2/16 0.96-0.99x, 4096/16/2/16 0.98-0.99x, 4096/16/2/100 1.00x. With 1 or 2 per thread
+// 0.94-1.00x, with 6 the same as 4, with all 16 unbundled 1.04x 4's time at 1024/16/2/100; the
+// whole 16-sequence decode step at 1K 0.97-1.06x (median 0.99x, five windows of 96 steps).
+constexpr int64_t kTailUnitsPerThread = 4;
+
 void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units, int64_t d,
-               std::vector<int64_t>& seq, std::vector<int64_t>& item) {
+               int n_threads, std::vector<int64_t>& seq, std::vector<int64_t>& item) {
   thread_local std::vector<int64_t> multi, lone, alone;
   multi.clear();
   lone.clear();
@@ -223,6 +234,8 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units, i
     return units[u].keys * (units[u].kvh1 - units[u].kvh0) * 2 * d *
            static_cast<int64_t>(sizeof(uint16_t));
   };
+  const size_t bundled =
+      lone.size() - std::min(lone.size(), static_cast<size_t>(kTailUnitsPerThread * n_threads));
   size_t next = 0;
   for (const int64_t m : multi) {
     item.push_back(static_cast<int64_t>(seq.size()));
@@ -230,7 +243,7 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units, i
     const int64_t passes = (units[m].keys + kKeyChunk - 1) / kKeyChunk *
                            (units[m].kvh1 - units[m].kvh0) * tasks[units[m].task].n_rows;
     const int64_t budget = std::min(kSideBytes, passes * kSideLinesPerPass * kLineBytes);
-    for (int64_t bytes = 0; next < lone.size(); ++next) {
+    for (int64_t bytes = 0; next < bundled; ++next) {
       const int64_t b = bytes_of(lone[next]);
       if (b > kSideBytes) {
         alone.push_back(lone[next]);
@@ -369,7 +382,7 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
       for (int64_t h = 0; h < a.n_kv_heads; ++h) units.push_back({t, h, h + 1, keys});
     }
   }
-  PlanItems(tasks, units, a.head_dim, pl.seq, pl.item);
+  PlanItems(tasks, units, a.head_dim, n_threads, pl.seq, pl.item);
 }
 
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
