@@ -92,7 +92,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!max_seqs.ok()) return max_seqs.status();
   auto max_batched = f.Int("max-batched-tokens", 512, 1, 1 << 20);
   if (!max_batched.ok()) return max_batched.status();
-  auto max_waiting = f.Int("max-waiting", 1024, 0, 1 << 20);
+  auto max_waiting = f.Int("max-waiting", 1024, 1, 1 << 20);  // every request queues first
   if (!max_waiting.ok()) return max_waiting.status();
   auto max_sessions = f.Int("max-sessions", 256, 1, 1 << 20);
   if (!max_sessions.ok()) return max_sessions.status();

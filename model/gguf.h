@@ -91,6 +91,10 @@ class GgufFile {
   void DropPages(const void* p, size_t n) const;
   // Offset of the data section from the start of the file.
   uint64_t data_offset() const { return static_cast<uint64_t>(data_ - bytes_.data()); }
+  // The bytes before the tensor data: the header, metadata and tensor table.
+  std::string_view header() const {
+    return {reinterpret_cast<const char*>(bytes_.data()), static_cast<size_t>(data_offset())};
+  }
 
   // Typed getters: NotFound if absent, InvalidArgument (naming the key) on a type mismatch or a
   // value out of range. Integer getters accept any integer type.

@@ -37,6 +37,9 @@ struct Scheduler::Sequence {
 struct Scheduler::Session {
   std::vector<int32_t> tokens;
   BlockId tail = -1;  // the block holding positions [tokens.size() / bs * bs, tokens.size())
+  // The name of the last full block before the tail (the salt if none): the tail's K/V hold
+  // only after exactly that prefix.
+  kvstore::BlockHash prefix;
   uint64_t last_use = 0;
 };
 
@@ -180,7 +183,12 @@ void Scheduler::Admit(Sequence& s) {
         !s.req.session_id.empty() && it != sessions_.end()) {
       Session& ss = *it->second;
       ss.last_use = ++session_clock_;
-      if (ss.tail >= 0 && static_cast<int64_t>(ss.tokens.size()) / bs * bs == s.computed) {
+      // The matched full blocks must be the session's own prefix: blocks of the same length
+      // cached by another request (another conversation, an edited turn) hold other tokens,
+      // after which the tail's K/V are wrong.
+      const kvstore::BlockHash matched = s.names.empty() ? salt_ : s.names.back();
+      if (ss.tail >= 0 && static_cast<int64_t>(ss.tokens.size()) / bs * bs == s.computed &&
+          matched == ss.prefix) {
         int64_t k = 0;
         while (s.computed + k < limit && s.computed + k < static_cast<int64_t>(ss.tokens.size()) &&
                ss.tokens[s.computed + k] == s.tokens[s.computed + k]) {
@@ -198,11 +206,13 @@ void Scheduler::Admit(Sequence& s) {
 
 void Scheduler::Start(Sequence& s) {
   if (!s.admitted_once) {
+    // Counted once per request, over its prompt: a preempted sequence's re-admission (its prompt
+    // and the tokens it had generated) would count its own recomputation as queries and hits.
     s.admitted_once = true;
     s.done.cached_tokens = s.computed;
+    stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
+    stats_.prefix_hit_tokens += s.computed;
   }
-  stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
-  stats_.prefix_hit_tokens += s.computed;
   // Announce the full blocks this sequence is about to compute, so that requests sharing them
   // wait for them instead of computing them again.
   if (opts_.prefix_caching && s.req.prefix_cache) {
@@ -215,7 +225,11 @@ void Scheduler::Start(Sequence& s) {
       ++in_flight_[parent];
     }
   }
-  running_.push_back(&s);
+  // By arrival: a request that waited for another's in-flight block may start after later ones.
+  running_.insert(std::upper_bound(
+                      running_.begin(), running_.end(), &s,
+                      [](const Sequence* x, const Sequence* y) { return x->arrival < y->arrival; }),
+                  &s);
 }
 
 bool Scheduler::WaitsForInFlightBlock(const Sequence& s) const {
@@ -275,6 +289,11 @@ bool Scheduler::DropOneSessionTail() {
 }
 
 bool Scheduler::DropSession(const std::string& session_id) {
+  // A turn still queued or running leaves the session too: finishing, it would record the
+  // session again (and hold a block for it).
+  for (auto& [id, seq] : seqs_) {
+    if (seq->req.session_id == session_id) seq->req.session_id.clear();
+  }
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return false;
   DropSessionTail(*it->second);
@@ -283,6 +302,7 @@ bool Scheduler::DropSession(const std::string& session_id) {
 }
 
 void Scheduler::DropSessions() {
+  for (auto& [id, seq] : seqs_) seq->req.session_id.clear();
   for (auto& [id, ss] : sessions_) DropSessionTail(*ss);
   sessions_.clear();
 }
@@ -366,9 +386,11 @@ void Scheduler::RecordSession(Sequence& s) {
         if (j != it && (lru == sessions_.end() || j->second->last_use < lru->second->last_use))
           lru = j;
       }
-      DropSessionTail(*lru->second);
-      sessions_.erase(lru);
-      it = sessions_.find(s.req.session_id);
+      if (lru != sessions_.end()) {  // none other with max_sessions 0: keep just this one
+        DropSessionTail(*lru->second);
+        sessions_.erase(lru);
+        it = sessions_.find(s.req.session_id);
+      }
     }
   }
   Session& ss = *it->second;
@@ -382,6 +404,14 @@ void Scheduler::RecordSession(Sequence& s) {
   DropSessionTail(ss);
   ss.tail = tail;
   ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
+  // NameFullBlocks named every full computed block.
+  const size_t full = static_cast<size_t>(s.computed / bs);
+  ss.prefix = salt_;
+  for (size_t i = 0; i < full; ++i) {
+    ss.prefix = i < s.names.size()
+                    ? s.names[i]
+                    : kvstore::ChainHash(ss.prefix, std::span(s.tokens).subspan(i * bs, bs));
+  }
 }
 
 void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reason) {
@@ -425,7 +455,9 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
       Preempt(*idle[std::uniform_int_distribution<size_t>(0, idle.size() - 1)(preempt_rng_)]);
   }
   // Admission: FCFS while the batch has room and the pool can hold the newcomer's prompt (an
-  // empty batch always admits: a lone request fits, Submit checked).
+  // empty batch always admits: a lone request fits, Submit checked). Blocks are allocated when
+  // planned, so the prompts admitted in this pass are counted against the pool here.
+  int64_t promised = 0;
   for (auto it = waiting_.begin();
        it != waiting_.end() && static_cast<int32_t>(running_.size()) < opts_.max_seqs;) {
     Sequence& s = **it;
@@ -439,10 +471,11 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
     }
     const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
                          static_cast<int64_t>(s.blocks.size()) + 1;
-    if (!running_.empty() && need > blocks_.available()) {
+    if (!running_.empty() && need + promised > blocks_.available()) {
       ReleaseBlocks(s);
       break;
     }
+    promised += need;
     it = waiting_.erase(it);
     Start(s);
   }

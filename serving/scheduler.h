@@ -151,6 +151,8 @@ class Scheduler {
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
   SchedulerStats stats() const;
+  // Whether this scheduler keeps session `id` (a finished turn recorded it, not dropped since).
+  bool HasSession(const std::string& id) const { return sessions_.contains(id); }
   // Prompt tokens of `prompt` whose blocks this scheduler has cached (for routing).
   int64_t CachedPrefixTokens(const std::vector<int32_t>& prompt) const;
   const Histogram& ttft_seconds() const { return ttft_; }

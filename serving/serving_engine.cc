@@ -1,5 +1,6 @@
 #include "serving/serving_engine.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "kvstore/block_hash.h"
@@ -19,6 +20,7 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
   so.max_batched_tokens = opts.max_batched_tokens;
   so.max_waiting = opts.max_waiting;
   so.max_sessions = opts.max_sessions;
+  max_sessions_ = std::max(1, opts.max_sessions);
   so.prefix_caching = opts.prefix_caching;
   so.cache_salt = engine.cache_salt();
   so.preempt_probability = opts.preempt_probability;
@@ -89,7 +91,17 @@ absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {
   };
   auto id = schedulers_[r]->Submit(std::move(req), std::move(wrapped));
   if (!id.ok()) return id.status();
-  if (!session.empty()) session_replica_[session] = r;
+  if (!session.empty() && schedulers_.size() > 1) {
+    session_replica_[session] = r;
+    // Bounded as the schedulers' sessions are: once it holds twice what they can keep, forget
+    // the sessions no scheduler keeps any more (a turn still running is routed by its cached
+    // prefix, which finds the same replica).
+    if (session_replica_.size() > 2 * schedulers_.size() * static_cast<size_t>(max_sessions_)) {
+      absl::erase_if(session_replica_, [&](const auto& e) {
+        return e.first != session && !schedulers_[e.second]->HasSession(e.first);
+      });
+    }
+  }
   return *id << kReplicaBits | static_cast<RequestId>(r);
 }
 

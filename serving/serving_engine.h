@@ -95,7 +95,8 @@ class ServingEngine {
   worker::Engine& engine_;
   std::vector<worker::RemoteReplica*> remotes_;
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
-  absl::flat_hash_map<std::string, int> session_replica_;
+  absl::flat_hash_map<std::string, int> session_replica_;  // with several replicas only
+  int32_t max_sessions_ = 1;
   std::vector<float> logits_;
   bool pipelined_ = false;  // pp > 1 with one replica: steps overlap across stages
 

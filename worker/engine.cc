@@ -96,9 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   // (8-bit activations compute other K and V).
   // The model is named by a hash of its GGUF header (metadata and tensor table) and its size.
   const auto& g = e->model_->gguf();
-  const kvstore::BlockHash model_id = kvstore::CacheSalt(std::string_view(
-      reinterpret_cast<const char*>(g.TensorData(g.tensors().front())) - g.data_offset(),
-      g.data_offset()));
+  const kvstore::BlockHash model_id = kvstore::CacheSalt(g.header());
   char id[40];
   std::snprintf(id, sizeof(id), "%016llx%016llx", static_cast<unsigned long long>(model_id.hi),
                 static_cast<unsigned long long>(model_id.lo));

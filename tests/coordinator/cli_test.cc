@@ -70,6 +70,9 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"},
                      "--seed must be a non-negative integer");
   ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
+  // Every request queues before it runs: an empty queue would refuse them all.
+  ExpectOneLineError({"run", "--prompt", "x", "--max-waiting", "0"},
+                     "--max-waiting must be an integer in [1, 1048576], got '0'");
   ExpectOneLineError({"run", "--prompt", "x", "--tp-collectives", "gloo"},
                      "--tp-collectives must be shm or mpi, not 'gloo'");
   ExpectOneLineError({"run", "--prompt", "x", "--activation-bits", "12"},

@@ -168,6 +168,40 @@ TEST_P(Serving, MultiTurnSessionCachedTokensClimbAndAnswersDoNotChange) {
   }
 }
 
+// A session id reused over another prefix of the same length (another conversation, an edited
+// turn): the session's partial block was computed after its old prefix and must not be reused
+// (it was, and changed the answer: "is a king" for "was a king").
+TEST_P(Serving, SessionTailIsNotReusedOverAnotherPrefix) {
+  auto tokens = [&](const std::string& t) { return engine_->tokenizer().Encode(t, false); };
+  auto cat = [](std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::string fox;
+  for (int i = 0; i < 6; ++i) fox += "The quick brown fox jumps over the lazy dog. ";
+  auto d1 = tokens(Document()), d2 = tokens(fox);
+  ASSERT_GE(d2.size(), 32u);
+  d1.resize(32);  // two full blocks each
+  d2.resize(32);
+  const auto q = tokens(" Tell me a story"), r = tokens(" about a king who");
+  ServingEngine se(*engine_, {});
+  Request first = Greedy(cat(d1, q), 1);
+  first.session_id = "s";
+  ASSERT_TRUE(se.Generate(first).ok());
+  ASSERT_TRUE(se.Generate(Greedy(cat(d2, q), 1)).ok());  // caches d2's full blocks
+  Request turn = Greedy(cat(cat(d2, q), r), 8);
+  turn.session_id = "s";
+  auto got = se.Generate(turn);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->cached_tokens, 32) << "d2's full blocks only";
+  ServingEngine fresh(*engine_, {.prefix_caching = false});
+  auto want = fresh.Generate(Greedy(cat(cat(d2, q), r), 8));
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectSame(*got, *want, "the session's turn over d2");
+  ExpectNoLeaks(se);
+  ExpectNoLeaks(fresh);
+}
+
 // Continuous batching: N different requests together give each one's answer alone.
 TEST_P(Serving, BatchOfDifferentRequestsMatchesEachAlone) {
   const std::vector<std::string> prompts = {
