@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -23,6 +24,7 @@
 #include "kernels/isa.h"
 #include "model/shard.h"
 #include "serving/serving_engine.h"
+#include "util/printable.h"
 #include "util/str_cat.h"
 #include "util/utf8.h"
 #include "worker/engine.h"
@@ -152,7 +154,11 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
     if (!p.ok()) return Fail(p.status());
     se.SetPreemptProbabilityForTesting(*p);
   }
-  std::vector<serving::Completion> done(prompts.size());
+  // Shared with the callbacks: requests still queued when this returns early are cancelled
+  // later (the engine's teardown), and their callbacks must find it.
+  const auto done_ptr = std::make_shared<std::vector<serving::Completion>>(prompts.size());
+  std::vector<serving::Completion>& done = *done_ptr;
+  const auto t0 = std::chrono::steady_clock::now();  // steps may run while submitting
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (f.Has("chat")) {
       auto p = e.ChatPrompt(prompts[i]);
@@ -161,13 +167,20 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
     } else {
       req.prompt = e.tokenizer().Encode(prompts[i], /*parse_special=*/true);
     }
-    auto id =
-        se.Submit(req, {.on_done = [&done, i](const serving::Completion& c) { done[i] = c; }});
+    auto submit = [&] {
+      return se.Submit(
+          req, {.on_done = [done_ptr, i](const serving::Completion& c) { (*done_ptr)[i] = c; }});
+    };
+    auto id = submit();
+    // More prompts than the waiting queue holds: run steps until there is room.
+    while (absl::IsResourceExhausted(id.status()) && !se.idle()) {
+      if (auto s = se.Step(); !s.ok()) return Fail(s);
+      id = submit();
+    }
     if (!id.ok())
       return Fail(
           absl::Status(id.status().code(), StrCat("request ", i + 1, ": ", id.status().message())));
   }
-  const auto t0 = std::chrono::steady_clock::now();
   if (auto s = se.RunUntilIdle(); !s.ok()) return Fail(s);
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -437,7 +450,8 @@ int CliMain(int argc, char** argv) {
   if (cmd == "bench") return Bench(argc, argv);
   if (cmd == "serve") return Serve(argc, argv);
   if (cmd == "client") return Client(argc, argv);
-  std::cerr << "kvmesh: error: unknown command '" << cmd << "' (run `kvmesh help` for usage)\n";
+  std::cerr << "kvmesh: error: unknown command '" << util::Printable(cmd)
+            << "' (run `kvmesh help` for usage)\n";
   return 2;
 }
 

@@ -32,7 +32,7 @@ absl::StatusOr<v1::SamplingParams> Sampling(const Flags& f) {
   auto seed = f.Uint64("seed", 0);
   if (!seed.ok()) return seed.status();
   s.set_temperature(static_cast<float>(*t));
-  s.set_seed(*seed);
+  if (f.Has("seed")) s.set_seed(*seed);  // else the server draws one per request
   return s;
 }
 

@@ -6,6 +6,7 @@
 
 #include "comm/shm/shm_communicator.h"
 #include "model/shard.h"
+#include "util/printable.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::coordinator {
@@ -21,7 +22,9 @@ std::string CacheDir() {
 }  // namespace
 
 int Fail(const absl::Status& s) {
-  std::cerr << "kvmesh: error: " << s.message() << "\n";
+  // One line whatever the message carries (names and strings from a model file, a prompt).
+  std::cerr << "kvmesh: error: "
+            << util::Printable(std::string_view(s.message().data(), s.message().size())) << "\n";
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 

@@ -1,5 +1,6 @@
 #include "coordinator/serve.h"
 
+#include <cctype>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -41,6 +42,10 @@ int Serve(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("give --api-key or --api-key-file, not both"));
   }
   ho.api_key = f->String("api-key", "");
+  if (f->Has("api-key") && ho.api_key.empty()) {
+    // An empty key would turn authentication off (a script passing an unset variable).
+    return Fail(absl::InvalidArgumentError("--api-key is empty"));
+  }
   if (f->Has("api-key-file")) {
     std::ifstream in(f->String("api-key-file", ""));
     if (!in) {
@@ -48,6 +53,10 @@ int Serve(int argc, char** argv) {
           StrCat("cannot read --api-key-file '", f->String("api-key-file", ""), "'")));
     }
     std::getline(in, ho.api_key);
+    // A key file written on Windows (or with trailing blanks) holds the same key.
+    while (!ho.api_key.empty() && std::isspace(static_cast<unsigned char>(ho.api_key.back()))) {
+      ho.api_key.pop_back();
+    }
     if (ho.api_key.empty()) return Fail(absl::InvalidArgumentError("--api-key-file is empty"));
   }
   Launch launch;

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "util/str_cat.h"
@@ -45,6 +46,10 @@ const std::map<std::string, Key>& Keys() {
 }  // namespace
 
 absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(StrCat("--config '", path, "' is a directory, not a file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(StrCat("cannot open --config file '", path, "'"));
   std::map<std::string, std::string> out;
@@ -88,6 +93,8 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         StrCat("--config '", path, "': line ", e.mark.line + 1, ": ", e.msg));
+  } catch (const std::exception& e) {  // a read error of the stream itself
+    return absl::InvalidArgumentError(StrCat("--config '", path, "': cannot read: ", e.what()));
   }
   return out;
 }

@@ -39,6 +39,9 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   const int n_threads_;
+  // Spin-waits before sleeping / yielding: none with more threads than CPUs, where a spinning
+  // thread takes the core another needs (--threads 16 on 2 CPUs ran 30x slower).
+  const int spin_;
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;  // written before generation_ bumps
   std::atomic<uint64_t> generation_{0};                 // bumped once per job; workers wait on it

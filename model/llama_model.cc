@@ -1,5 +1,7 @@
 #include "model/llama_model.h"
 
+#include <cmath>
+
 #include "util/str_cat.h"
 
 namespace kvmesh::model {
@@ -90,15 +92,22 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr
     if (!v.ok()) return v.status();
     c.rot_dim = *v;
   }
-  if (f->Find("llama.rope.freq_base")) {
-    auto v = f->GetFloat("llama.rope.freq_base");
+  // Finite and positive as float32 (NaN, 0 or inf would run and print garbage).
+  auto positive_float = [&](const char* key, float& out) -> absl::Status {
+    if (!f->Find(key)) return absl::OkStatus();
+    auto v = f->GetFloat(key);
     if (!v.ok()) return v.status();
-    c.rope_theta = static_cast<float>(*v);
-  }
-  if (f->Find("llama.attention.layer_norm_rms_epsilon")) {
-    auto v = f->GetFloat("llama.attention.layer_norm_rms_epsilon");
-    if (!v.ok()) return v.status();
-    c.rms_eps = static_cast<float>(*v);
+    const float x = static_cast<float>(*v);
+    if (!(x > 0.0f) || !std::isfinite(x)) {
+      return absl::InvalidArgumentError(
+          StrCat("gguf: key '", key, "' = ", *v, " must be a finite number > 0"));
+    }
+    out = x;
+    return absl::OkStatus();
+  };
+  if (auto s = positive_float("llama.rope.freq_base", c.rope_theta); !s.ok()) return s;
+  if (auto s = positive_float("llama.attention.layer_norm_rms_epsilon", c.rms_eps); !s.ok()) {
+    return s;
   }
   const GgufTensorInfo* emb = f->FindTensor("token_embd.weight");
   if (!emb || emb->dims.size() != 2)

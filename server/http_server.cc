@@ -1,8 +1,10 @@
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -167,9 +169,14 @@ struct Session : std::enable_shared_from_this<Session> {
                    keep);
     }
     if (!srv.opts.api_key.empty()) {
-      const auto auth = req[http::field::authorization];
-      if (!ConstantTimeEquals(std::string_view(auth.data(), auth.size()),
-                              "Bearer " + srv.opts.api_key)) {
+      const auto field = req[http::field::authorization];
+      std::string_view auth(field.data(), field.size());
+      // The scheme is case-insensitive (RFC 9110 11.1); the key is compared in constant time.
+      const bool bearer = auth.size() >= 7 &&
+                          std::equal(auth.begin(), auth.begin() + 7, "bearer ", [](char a, char b) {
+                            return std::tolower(static_cast<unsigned char>(a)) == b;
+                          });
+      if (!bearer || !ConstantTimeEquals(auth.substr(7), srv.opts.api_key)) {
         return Reply(http::status::unauthorized, ErrorJson(401, "missing or wrong API key"), keep);
       }
     }

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/random_seed.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::server {
@@ -177,11 +178,13 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     r.logprobs = k >= 0;
     r.top_logprobs = std::max(k, 0);
   }
-  if (auto s = Number(
-          j, chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
-          0, static_cast<double>(limits.max_context), r.max_tokens);
-      !s.ok()) {
-    return s;
+  // Both are checked; a chat's max_completion_tokens, where given (not null), wins.
+  const double max_context = static_cast<double>(limits.max_context);
+  if (auto s = Number(j, "max_tokens", 0, max_context, r.max_tokens); !s.ok()) return s;
+  if (chat) {
+    if (auto s = Number(j, "max_completion_tokens", 0, max_context, r.max_tokens); !s.ok()) {
+      return s;
+    }
   }
   if (auto s = Number(j, "temperature", 0.0, 2.0, r.sampling.temperature); !s.ok()) return s;
   if (auto s = Number(j, "top_p", 1e-6, 1.0, r.sampling.top_p); !s.ok()) return s;
@@ -189,6 +192,7 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
   if (auto s = Number(j, "repetition_penalty", 0.01, 100.0, r.sampling.repeat_penalty); !s.ok()) {
     return s;
   }
+  r.sampling.seed = util::RandomSeed();  // no seed (or null): a fresh draw, as OpenAI's
   if (auto s = Number(j, "seed", 0, 9007199254740991.0, r.sampling.seed); !s.ok()) return s;
   if (auto s = Bool(j, "stream", r.stream); !s.ok()) return s;
   if (auto s = Bool(j, "ignore_eos", r.ignore_eos); !s.ok()) return s;

@@ -1,5 +1,6 @@
 #include "server/rpc_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
@@ -13,6 +14,8 @@
 #include "server/auth.h"
 #include "server/listener.h"
 #include "server/rpc_frame.h"
+#include "server/rpc_sampling.h"
+#include "util/random_seed.h"
 #include "util/str_cat.h"
 #include "util/utf8.h"
 
@@ -21,20 +24,6 @@ namespace kvmesh::server {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 namespace v1 = kvmesh::v1;
-
-namespace {
-
-model::SamplingParams Sampling(const v1::SamplingParams& p) {
-  model::SamplingParams s;
-  s.temperature = p.temperature();
-  s.top_k = p.top_k();
-  s.top_p = p.top_p() > 0 ? p.top_p() : 1.0f;
-  s.repeat_penalty = p.repeat_penalty() > 0 ? p.repeat_penalty() : 1.0f;
-  s.seed = p.seed();
-  return s;
-}
-
-}  // namespace
 
 struct RpcConn;
 constexpr size_t kMaxQueuedBytes = 8 << 20;  // per connection, before reading pauses
@@ -294,6 +283,10 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     } else {
       req.prompt = tok.Encode(g.prompt(), true);
     }
+    if (g.max_tokens() < 0) {
+      return Error(id, absl::InvalidArgumentError(
+                           StrCat("max_tokens must be >= 0 (0: 256), not ", g.max_tokens())));
+    }
     req.max_tokens = g.max_tokens() > 0 ? g.max_tokens() : 256;
     const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(req.prompt.size());
     if (room <= 0 || req.max_tokens > room) {
@@ -301,7 +294,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                            "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,
                            ") exceeds the context of ", srv.engine.ctx_size(), " tokens")));
     }
-    req.sampling = Sampling(g.sampling());
+    auto sampling = SamplingFromProto(g.sampling());
+    if (!sampling.ok()) return Error(id, sampling.status());
+    req.sampling = *sampling;
     req.session_id = g.session_id();
     req.ignore_eos = g.ignore_eos();
     live[id] = 0;

@@ -15,7 +15,9 @@ inline void CpuRelax() {
 constexpr int kSpinIterations = 20000;
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(std::max(1, n_threads)),
+      spin_(n_threads_ <= AvailableCpus() ? kSpinIterations : 0) {
   workers_.reserve(n_threads_ - 1);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -39,7 +41,7 @@ void ThreadPool::WorkerLoop(int index) {
   for (;;) {
     // Spin briefly (decode issues hundreds of small jobs per token), then sleep on the futex.
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int i = 0; gen == seen && i < kSpinIterations; ++i) {
+    for (int i = 0; gen == seen && i < spin_; ++i) {
       CpuRelax();
       gen = generation_.load(std::memory_order_acquire);
     }
@@ -67,7 +69,7 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   // Spin for the stragglers, but yield when it takes long: with more threads than free cores
   // (several ranks on one machine) a worker may need this core to finish.
   for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < kSpinIterations) {
+    if (i < spin_) {
       CpuRelax();
     } else {
       std::this_thread::yield();

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -110,6 +111,11 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");
   ExpectOneLineError({"serve", "--port", "70000"}, "--port");
+  ExpectOneLineError({"serve", "--config", ::testing::TempDir()}, "is a directory, not a file");
+  // An empty key would turn authentication off.
+  ExpectOneLineError({"serve", "--api-key", ""}, "--api-key is empty");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "api_key: \"\"\n")},
+                     "--api-key is empty");
 }
 
 TEST(Cli, BadModelFiles) {
@@ -126,11 +132,49 @@ TEST(Cli, BadModelFiles) {
       .Tensor("token_embd.weight", {32, 4}, 6, std::string(88, '\0'));
   ExpectOneLineError({"run", "--model", WriteTemp("q5.gguf", q5.Build()), "--prompt", "x"},
                      "tensor 'token_embd.weight': unsupported tensor type Q5_0");
+  // A file's strings reach the message escaped and cut: one line, no terminal escapes.
+  testing::GgufBuilder evil;
+  evil.Str("general.architecture", "x\nkvmesh: forged line\x1b[2J" + std::string(5000, 'A'));
+  ExpectOneLineError({"run", "--model", WriteTemp("evil.gguf", evil.Build()), "--prompt", "x"},
+                     "unsupported architecture 'x\\x0akvmesh: forged line\\x1b[2JAAA");
+  const Result long_name =
+      Kvmesh({"run", "--model", WriteTemp("evil.gguf", evil.Build()), "--prompt", "x"});
+  EXPECT_LT(long_name.err.size(), 600u) << "cut to a line's worth";
+  EXPECT_EQ(long_name.err.find('\x1b'), std::string::npos);
+  testing::GgufBuilder nan_eps;
+  nan_eps.Str("general.architecture", "llama")
+      .U32("llama.block_count", 1)
+      .U32("llama.embedding_length", 64)
+      .U32("llama.feed_forward_length", 128)
+      .U32("llama.attention.head_count", 1)
+      .U32("llama.context_length", 64)
+      .F32("llama.attention.layer_norm_rms_epsilon", std::nanf(""));
+  ExpectOneLineError({"run", "--model", WriteTemp("nan.gguf", nan_eps.Build()), "--prompt", "x"},
+                     "'llama.attention.layer_norm_rms_epsilon' = nan must be a finite number > 0");
   testing::GgufBuilder missing;
   missing.Str("general.architecture", "llama").U32("llama.block_count", 1);
   ExpectOneLineError(
       {"run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"},
       "missing key 'llama.embedding_length'");
+}
+
+// A later request of a batch rejected at submit: one line and a clean exit, not a crash in the
+// teardown (the queued requests' callbacks outlived the batch's results: a use after free,
+// which crashed for a 5 MB second prompt and is not caught every time without a sanitizer).
+TEST(Cli, BatchWithARejectedLaterRequestFailsCleanly) {
+  KVMESH_REQUIRE_MODEL(model);
+  const std::string prompts =
+      WriteTemp("batch.txt", "hi\none two three four five six seven eight nine ten\n");
+  const Result r = Kvmesh(
+      {"run", "--model", model, "--ctx-size", "8", "--max-tokens", "1", "--prompts", prompts});
+  EXPECT_TRUE(r.code == 1 || r.code == 2) << "exit " << r.code << ", stderr: " << r.err;
+  EXPECT_NE(r.err.find("request 2: "), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // More prompts than the waiting queue holds run in waves instead of failing.
+  const Result w = Kvmesh({"run", "--model", model, "--max-tokens", "1", "--max-waiting", "1",
+                           "--prompts", WriteTemp("three.txt", "a\nb\nc\n")});
+  EXPECT_EQ(w.code, 0) << w.err;
+  EXPECT_EQ(std::count(w.out.begin(), w.out.end(), '\n'), 3) << w.out;
 }
 
 TEST(Cli, PromptLongerThanContext) {

@@ -31,6 +31,15 @@ TEST(OpenAiApi, ParsesChatWithDefaultsAndExtensions) {
   EXPECT_EQ(d->max_tokens, 16);
   EXPECT_EQ(d->sampling.temperature, 1.0f);  // OpenAI's default
   EXPECT_EQ(d->sampling.top_p, 1.0f);
+  // No seed (or a null one): a fresh draw per request, as OpenAI's; a given seed is kept.
+  auto e = ParseApiRequest(R"({"prompt": "x", "seed": null})", false, {});
+  ASSERT_TRUE(e.ok());
+  EXPECT_NE(d->sampling.seed, e->sampling.seed);
+  auto c = ParseApiRequest(R"({"messages": [{"role": "user", "content": "x"}],
+                               "max_tokens": 9, "max_completion_tokens": 4})",
+                           true, {});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_tokens, 4) << "max_completion_tokens wins";
 }
 
 TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
@@ -51,6 +60,15 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
        "'top_logprobs'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": 1})", "'stream'"},
+      // A null max_completion_tokens does not hide a bad max_tokens.
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": null,
+           "max_tokens": -5})",
+       "'max_tokens'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3,
+           "max_tokens": "lots"})",
+       "'max_tokens'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
+       "'max_completion_tokens'"},
   };
   for (const auto& [body, needle] : cases) {
     auto r = ParseApiRequest(body, true, {});

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
+
+#include "server/rpc_sampling.h"
 
 namespace kvmesh::server {
 namespace {
@@ -62,6 +65,35 @@ TEST(RpcFrame, RandomCorruptionNeverCrashes) {
       auto f = d.Next();
       if (!f.ok() || !f->has_value()) break;
     }
+  }
+}
+
+// Sampling over RPC: zeros mean "off", out-of-range values and NaN are errors naming the field,
+// and an unset seed is a fresh one per request.
+TEST(RpcSampling, ChecksRangesAndDrawsAMissingSeed) {
+  kvmesh::v1::SamplingParams p;
+  auto a = SamplingFromProto(p), b = SamplingFromProto(p);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->top_p, 1.0f);
+  EXPECT_EQ(a->repeat_penalty, 1.0f);
+  EXPECT_NE(a->seed, b->seed) << "no seed: a fresh draw each time";
+  p.set_seed(0);
+  EXPECT_EQ(SamplingFromProto(p)->seed, 0u) << "a given seed, even 0, is kept";
+  const std::pair<void (*)(kvmesh::v1::SamplingParams&), const char*> bad[] = {
+      {[](kvmesh::v1::SamplingParams& q) { q.set_top_p(-1); }, "top_p"},
+      {[](kvmesh::v1::SamplingParams& q) { q.set_top_p(NAN); }, "top_p"},
+      {[](kvmesh::v1::SamplingParams& q) { q.set_repeat_penalty(NAN); }, "repeat_penalty"},
+      {[](kvmesh::v1::SamplingParams& q) { q.set_repeat_penalty(-1); }, "repeat_penalty"},
+      {[](kvmesh::v1::SamplingParams& q) { q.set_temperature(-0.5f); }, "temperature"},
+      {[](kvmesh::v1::SamplingParams& q) { q.set_temperature(INFINITY); }, "temperature"},
+  };
+  for (const auto& [edit, field] : bad) {
+    kvmesh::v1::SamplingParams q;
+    edit(q);
+    auto s = SamplingFromProto(q);
+    ASSERT_FALSE(s.ok()) << field;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(field), std::string::npos) << s.status();
   }
 }
 
