@@ -39,8 +39,15 @@ struct RpcServer::Impl {
   std::mutex conns_mu;
   std::set<std::shared_ptr<RpcConn>> conns;  // guarded by conns_mu
   bool shutting_down = false;                // io thread
-  // Server-side sessions: their conversations (io thread only).
-  std::map<std::string, std::vector<model::ChatMessage>> sessions;
+  // Server-side sessions: their conversations (io thread only). `opened` numbers each
+  // session_open, so a turn finishing after its session was reopened (or closed) does not join
+  // the new conversation; `last_use` orders them for eviction when the table is full.
+  struct Session {
+    std::vector<model::ChatMessage> messages;
+    uint64_t opened = 0, last_use = 0;
+  };
+  std::map<std::string, Session> sessions;
+  uint64_t session_clock = 0;
   std::set<std::string> busy_sessions;  // with a turn in flight (io thread)
 
   Impl(const RpcOptions& o, EngineLoop& l, const worker::Engine& e) : opts(o), loop(l), engine(e) {}
@@ -204,10 +211,26 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         if (o.session_id().empty())
           return Error(id, absl::InvalidArgumentError("session_id is empty"));
         if (!srv.sessions.count(o.session_id()) && srv.sessions.size() >= kMaxSessions) {
-          return Error(id, absl::ResourceExhaustedError(
-                               StrCat("too many open sessions (", kMaxSessions, "); close some")));
+          // Full: the least recently used session without a turn in flight goes (as the
+          // engine keeps its sessions), so clients that never close cannot lock others out.
+          auto lru = srv.sessions.end();
+          for (auto j = srv.sessions.begin(); j != srv.sessions.end(); ++j) {
+            if (!srv.busy_sessions.count(j->first) &&
+                (lru == srv.sessions.end() || j->second.last_use < lru->second.last_use)) {
+              lru = j;
+            }
+          }
+          if (lru == srv.sessions.end()) {
+            return Error(
+                id, absl::ResourceExhaustedError(StrCat("too many open sessions (", kMaxSessions,
+                                                        "), all with a turn in flight")));
+          }
+          srv.loop.DropSession(lru->first);
+          srv.sessions.erase(lru);
         }
-        auto& msgs = srv.sessions[o.session_id()];
+        auto& ss = srv.sessions[o.session_id()];
+        ss.opened = ss.last_use = ++srv.session_clock;
+        auto& msgs = ss.messages;
         msgs.clear();
         if (!o.system().empty()) msgs.push_back({"system", o.system()});
         r.mutable_session()->set_session_id(o.session_id());
@@ -235,8 +258,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                                                                 "' already has a turn in flight")));
         }
         // The turn joins the conversation only once it has completed (see Generate).
+        it->second.last_use = ++srv.session_clock;
         v1::GenerateRequest g;
-        for (const auto& m : it->second) {
+        for (const auto& m : it->second.messages) {
           auto* cm = g.add_messages();
           cm->set_role(m.role);
           cm->set_content(m.content);
@@ -247,17 +271,19 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         g.set_max_tokens(a.max_tokens());
         *g.mutable_sampling() = a.sampling();
         g.set_session_id(a.session_id());
-        return Generate(id, g, a.session_id());
+        return Generate(id, g, a.session_id(), it->second.opened);
       }
       case v1::Frame::kGenerate:
-        return Generate(id, f.generate(), "");
+        return Generate(id, f.generate(), "", 0);
       default:
         return Fail(id, absl::InvalidArgumentError("unexpected frame type from a client"));
     }
   }
 
-  // Streams Token frames, then Done; `session` (non-empty) gets the answer appended.
-  void Generate(uint64_t id, const v1::GenerateRequest& g, const std::string& session) {
+  // Streams Token frames, then Done; `session` (non-empty) gets the answer appended if it is
+  // still the conversation opened as `opened`.
+  void Generate(uint64_t id, const v1::GenerateRequest& g, const std::string& session,
+                uint64_t opened) {
     if (live.count(id))
       return Error(id, absl::InvalidArgumentError(StrCat("request id ", id, " is in flight")));
     if (static_cast<int>(live.size()) >= srv.opts.max_in_flight) {
@@ -323,8 +349,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         self->Send(f);
       });
     };
-    cb.on_done = [self, id, pending, text, session, user_turn, &io](const serving::Completion& c) {
-      asio::post(io, [self, id, pending, text, session, user_turn, c] {
+    cb.on_done = [self, id, pending, text, session, opened, user_turn,
+                  &io](const serving::Completion& c) {
+      asio::post(io, [self, id, pending, text, session, opened, user_turn, c] {
         self->live.erase(id);
         self->cancel_pending.erase(id);
         if (!session.empty()) self->srv.busy_sessions.erase(session);
@@ -332,9 +359,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         *text += *pending;
         if (!session.empty() && c.status.ok()) {
           auto it = self->srv.sessions.find(session);
-          if (it != self->srv.sessions.end()) {
-            it->second.push_back({"user", user_turn});
-            it->second.push_back({"assistant", *text});
+          if (it != self->srv.sessions.end() && it->second.opened == opened) {
+            it->second.messages.push_back({"user", user_turn});
+            it->second.messages.push_back({"assistant", *text});
           }
         }
         v1::Frame f;

@@ -104,6 +104,36 @@ assert b"exceeds the limit" in data, data   # an Error frame, then the server cl
 print("serve rpc: oversized frame refused with an Error frame, connection closed")
 PY
 [[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
+# More sessions opened than the table holds (1024), never closed: the least recently used go,
+# so another client can still open one (frames encoded by hand: Frame{1: id, 7: SessionOpen}).
+python3 - "$rpc" <<'PY' || fail "rpc session table"
+import socket, struct, sys
+def frame(rid, sid):
+    body = b"\x0a" + bytes([len(sid)]) + sid
+    f = b"\x08" + bytes([rid & 0x7f]) + b"\x3a" + bytes([len(body)]) + body
+    return struct.pack("<I", len(f)) + f
+def reply(s):
+    n = struct.unpack("<I", recv_all(s, 4))[0]
+    return recv_all(s, n)
+def recv_all(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        assert chunk, "closed"
+        data += chunk
+    return data
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+for i in range(1100):
+    s.sendall(frame(i, b"junk%d" % i))
+    r = reply(s)
+    assert b"\x9a\x01" not in r[:4] and b"too many" not in r, (i, r)
+s.close()
+t = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+t.sendall(frame(1, b"legit"))
+r = reply(t)
+assert b"legit" in r and b"too many" not in r, r
+print("serve rpc: 1100 sessions opened and never closed; the oldest evicted, a new client still opens one")
+PY
 
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
 if command -v prometheus >/dev/null; then
