@@ -123,13 +123,24 @@ struct Session : std::enable_shared_from_this<Session> {
   }
 
   void WatchForHangUp() {
-    stream.socket().async_wait(tcp::socket::wait_read,
-                               [self = shared_from_this()](beast::error_code ec) {
-                                 if (ec || self->closed_ || !self->request) return;
-                                 beast::error_code e2;
-                                 // Readable with nothing to read: the peer closed.
-                                 if (self->stream.socket().available(e2) == 0 || e2) self->Close();
-                               });
+    stream.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+          if (ec || self->closed_ || !self->request) return;
+          beast::error_code e2;
+          const size_t n = self->stream.socket().available(e2);
+          // Readable with nothing to read: the peer closed.
+          if (n == 0 || e2) return self->Close();
+          // Bytes sent ahead (a pipelined request): kept for the next read, and the watch goes
+          // on, up to a request's worth (beyond that the next read refuses them anyway).
+          if (self->buffer.size() + n >
+              self->srv.opts.max_header_bytes + self->srv.opts.max_body_bytes) {
+            return;
+          }
+          const size_t got = self->stream.socket().read_some(self->buffer.prepare(n), e2);
+          if (e2) return self->Close();
+          self->buffer.commit(got);
+          self->WatchForHangUp();
+        });
   }
 
   // Raw bytes for a streamed response; the connection closes after the last one when asked.

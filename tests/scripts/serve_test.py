@@ -111,6 +111,26 @@ if mode == "main":
     code, _, _ = call("GET", "/health")
     check(code == 200, "still serving after bad requests")
     print(f"serve main: chat, stream, completions, session cached {cached}, hits {hits}, errors ok")
+    # A client that sends a pipelined request behind a long one and then hangs up: the long one
+    # is cancelled (the pipelined bytes did not end the watch for the hang-up).
+    import socket, time, urllib.parse
+    u = urllib.parse.urlparse(base)
+    before = metric("kvmesh:request_cancelled_total")
+    body = json.dumps({"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    s = socket.create_connection((u.hostname, u.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    time.sleep(0.5)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.3)
+    s.close()
+    for _ in range(100):
+        if metric("kvmesh:request_cancelled_total") > before:
+            break
+        time.sleep(0.1)
+    check(metric("kvmesh:request_cancelled_total") > before, "hang-up after a pipelined request")
+    print("serve main: a hang-up after pipelined bytes cancels the request")
 
 elif mode == "auth":
     key = sys.argv[3]
