@@ -28,6 +28,8 @@ class FrameDecoder {
   // over the limit, or bytes that are not a Frame): the stream is then unusable.
   absl::StatusOr<std::optional<kvmesh::v1::Frame>> Next();
   size_t buffered() const { return buf_.size() - pos_; }
+  // The largest frame accepted from now on.
+  void set_max_frame_bytes(size_t max) { max_ = max; }
 
  private:
   size_t max_;

@@ -28,6 +28,12 @@ namespace v1 = kvmesh::v1;
 struct RpcConn;
 constexpr size_t kMaxQueuedBytes = 8 << 20;  // per connection, before reading pauses
 constexpr size_t kMaxSessions = 1024;
+// Before authentication only small frames (an Auth frame is tens of bytes): a client without the
+// key cannot make the server hold megabytes.
+constexpr size_t kMaxFrameBytesBeforeAuth = 64 << 10;
+// A frame begun and not finished within this is a stalled client: the connection closes (as the
+// HTTP server's read timeout), so partial frames cannot pin memory forever.
+constexpr auto kFrameDeadline = std::chrono::seconds(60);
 
 struct RpcServer::Impl {
   RpcOptions opts;
@@ -69,12 +75,33 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   std::set<uint64_t> cancel_pending;  // cancelled before the engine accepted them
   size_t out_bytes = 0;               // queued, not yet written
   bool read_paused = false;           // the client is not reading its replies
+  asio::steady_timer frame_deadline;  // armed while a frame is partly received
+  bool deadline_armed = false;
+  uint64_t frames_in = 0;  // complete frames received
 
   RpcConn(RpcServer::Impl& s, tcp::socket k)
       : srv(s),
         sock(std::move(k)),
-        decoder(s.opts.max_frame_bytes),
-        authed(s.opts.api_key.empty()) {}
+        decoder(s.opts.api_key.empty()
+                    ? s.opts.max_frame_bytes
+                    : std::min(s.opts.max_frame_bytes, kMaxFrameBytesBeforeAuth)),
+        authed(s.opts.api_key.empty()),
+        frame_deadline(s.io) {}
+
+  // Fails the connection if, when it fires, a frame is still partly received and no frame has
+  // completed since it was armed (while reading is paused for back-pressure, it waits again).
+  void ArmFrameDeadline() {
+    deadline_armed = true;
+    frame_deadline.expires_after(kFrameDeadline);
+    frame_deadline.async_wait(
+        [self = shared_from_this(), seen = frames_in](boost::system::error_code ec) {
+          self->deadline_armed = false;
+          if (ec || self->closed || self->decoder.buffered() == 0) return;
+          if (self->read_paused || self->frames_in != seen) return self->ArmFrameDeadline();
+          self->Fail(0, absl::DeadlineExceededError(StrCat("a frame was not completed within ",
+                                                           kFrameDeadline.count(), " s")));
+        });
+  }
 
   void Read() {
     sock.async_read_some(asio::buffer(rbuf),
@@ -89,9 +116,11 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       auto f = decoder.Next();
       if (!f.ok()) return Fail(0, f.status());
       if (!f->has_value()) break;
+      ++frames_in;
       Handle(**f);
       if (closed || close_after_writes) return;
     }
+    if (decoder.buffered() > 0 && !deadline_armed) ArmFrameDeadline();
     // Back-pressure: a client that does not read its replies stops being read.
     if (out_bytes > kMaxQueuedBytes) {
       read_paused = true;
@@ -143,6 +172,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   void Close() {
     if (closed) return;
     closed = true;
+    frame_deadline.cancel();
     boost::system::error_code ignored;
     sock.shutdown(tcp::socket::shutdown_both, ignored);
     sock.close(ignored);
@@ -158,6 +188,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     if (!authed) {
       if (f.has_auth() && ConstantTimeEquals(f.auth().api_key(), srv.opts.api_key)) {
         authed = true;
+        decoder.set_max_frame_bytes(srv.opts.max_frame_bytes);
         return;
       }
       return Fail(id, absl::UnauthenticatedError("the first frame must be Auth with the API key"));

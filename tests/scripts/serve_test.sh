@@ -201,7 +201,19 @@ python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
 "$bin" client health --port "$rpc" --api-key wrong >/dev/null 2>&1 && fail "rpc with a wrong key succeeded"
 [[ "$("$bin" client health --port "$rpc" --api-key s3cret)" == '{"status":"ok"}' ]] || fail "rpc with the key"
-echo "serve rpc auth: the first frame must carry the key"
+python3 - "$rpc" <<'PY' || fail "rpc frame limit before auth"
+import socket, struct, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(struct.pack("<I", 1 << 20))  # 1 MiB announced by a client that has not authenticated
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+assert b"exceeds the limit" in data, data
+PY
+echo "serve rpc auth: the first frame must carry the key; frames before it are small"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
 
