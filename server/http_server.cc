@@ -254,6 +254,10 @@ struct Session : std::enable_shared_from_this<Session> {
       std::string text, pending;
       bool first = true;
       std::vector<ApiLogprob> lps, pending_lps;  // all tokens' / not yet streamed
+      // Stop sequences: text[0, sent) is streamed; the rest is held while it could still be
+      // the start of one. stopped: one was found (text ends before it; the request cancelled).
+      size_t sent = 0;
+      bool stopped = false;
     };
     auto gen = std::make_shared<Gen>();
     auto self = shared_from_this();
@@ -272,24 +276,53 @@ struct Session : std::enable_shared_from_this<Session> {
     cb.on_token = [self, gen, api, id, created, &io, &tok](serving::RequestId, int32_t t) {
       std::string bytes = tok.TokenBytes(t);
       asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
+        if (gen->stopped) return;
         gen->pending += bytes;
         const size_t n = CompleteUtf8Prefix(gen->pending);
         if (n == 0) return;
-        const std::string piece = gen->pending.substr(0, n);
+        gen->text += gen->pending.substr(0, n);
         gen->pending.erase(0, n);
-        gen->text += piece;
-        if (api->stream && !self->cancelled) {
-          self->Send(StreamChunk(*api, id, created, piece, "", gen->first,
-                                 api->logprobs ? &gen->pending_lps : nullptr));
+        size_t ready = gen->text.size();  // what may be streamed now
+        if (!api->stop.empty()) {
+          // The earliest stop sequence in the text (it may begin in text already held back).
+          size_t at = std::string::npos, longest = 0;
+          for (const std::string& s : api->stop) {
+            longest = std::max(longest, s.size());
+            const size_t from = gen->sent >= s.size() ? gen->sent - s.size() + 1 : 0;
+            at = std::min(at, gen->text.find(s, from));
+          }
+          if (at != std::string::npos) {
+            gen->text.resize(at);
+            gen->pending.clear();
+            gen->stopped = true;
+            ready = at;
+            if (self->request) self->srv.loop.Cancel(*self->request);
+          } else {
+            // Hold back what could begin a stop sequence, cut at a character boundary.
+            ready = gen->text.size() > longest - 1 ? gen->text.size() - (longest - 1) : 0;
+            ready = std::max(gen->sent, CompleteUtf8Prefix(gen->text.substr(0, ready)));
+          }
+        }
+        if (api->stream && !self->cancelled && ready > gen->sent) {
+          self->Send(StreamChunk(*api, id, created, gen->text.substr(gen->sent, ready - gen->sent),
+                                 "", gen->first, api->logprobs ? &gen->pending_lps : nullptr));
           gen->pending_lps.clear();
           gen->first = false;
         }
+        gen->sent = std::max(gen->sent, ready);
       });
     };
     cb.on_done = [self, gen, api, id, created, keep, &io](const serving::Completion& c) {
-      asio::post(io, [self, gen, api, id, created, keep, c] {
+      asio::post(io, [self, gen, api, id, created, keep, c = c]() mutable {
         self->request.reset();
-        gen->text += gen->pending;
+        if (gen->stopped) {
+          // Ended by a stop sequence (the cancel only stopped the generation).
+          c.status = absl::OkStatus();
+          c.stop_reason = "eos";
+        } else {
+          gen->text += gen->pending;
+        }
+        const std::string held = gen->text.substr(std::min(gen->sent, gen->text.size()));
         const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
         const ApiUsage usage{c.prompt_tokens, static_cast<int64_t>(c.tokens.size()),
                              c.cached_tokens, c.tokens.empty() ? -1.0 : c.ttft_ms};
@@ -298,7 +331,7 @@ struct Session : std::enable_shared_from_this<Session> {
           if (!c.status.ok()) {
             self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
           } else {
-            self->Send(StreamChunk(*api, id, created, gen->pending, finish, gen->first,
+            self->Send(StreamChunk(*api, id, created, held, finish, gen->first,
                                    api->logprobs ? &gen->pending_lps : nullptr));
             if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
           }

@@ -200,6 +200,38 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
   if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
     if (auto s = Bool(*it, "include_usage", r.include_usage); !s.ok()) return s;
   }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    const json list = it->is_string() ? json::array({*it}) : *it;
+    if (!list.is_array() || list.size() > 4) {
+      return Bad("stop", "must be a string or an array of at most 4 strings");
+    }
+    for (const auto& e : list) {
+      if (!e.is_string() || e.get<std::string>().empty() || e.get<std::string>().size() > 256) {
+        return Bad("stop", "each stop sequence must be a string of 1 to 256 bytes");
+      }
+      r.stop.push_back(e.get<std::string>());
+    }
+  }
+  // OpenAI fields this server does not implement: refused rather than silently ignored (at
+  // their defaults they change nothing and are accepted).
+  for (const char* f : {"frequency_penalty", "presence_penalty"}) {
+    if (auto it = j.find(f); it != j.end() && !it->is_null() && !(it->is_number() && *it == 0)) {
+      return Bad(f, "is not supported (use repetition_penalty)");
+    }
+  }
+  for (const char* f : {"tools", "tool_choice", "functions", "function_call", "logit_bias",
+                        "response_format", "suffix", "best_of", "echo"}) {
+    auto it = j.find(f);
+    if (it == j.end() || it->is_null()) continue;
+    const std::string_view name(f);
+    const bool harmless =
+        (it->is_boolean() && !it->get<bool>()) ||  // "echo": false
+        (it->is_array() && it->empty()) ||         // "tools": []
+        (it->is_object() && it->empty()) ||        // "logit_bias": {}
+        (name == "best_of" && *it == 1) || (name == "tool_choice" && *it == "none") ||
+        (name == "response_format" && it->is_object() && it->value("type", json()) == "text");
+    if (!harmless) return Bad(f, "is not supported by this server");
+  }
   if (r.sampling.top_k < 0) r.sampling.top_k = 0;
   return r;
 }

@@ -34,6 +34,8 @@ struct ApiRequest {
   bool logprobs = false;       // report sampled tokens' log-probabilities
   int32_t top_logprobs = 0;    // and this many alternatives each (<= 20)
   model::SamplingParams sampling;
+  // "stop": up to 4 strings; the text ends before the first one generated (not included).
+  std::vector<std::string> stop;
 };
 
 // InvalidArgument naming the field for anything malformed or unsupported (n != 1, more than 20

@@ -111,6 +111,26 @@ if mode == "main":
     code, _, _ = call("GET", "/health")
     check(code == 200, "still serving after bad requests")
     print(f"serve main: chat, stream, completions, session cached {cached}, hits {hits}, errors ok")
+    # Stop sequences: the text ends before the first one, finish_reason "stop", streamed alike
+    # (text that could begin a stop sequence is held back until it cannot).
+    plain = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 24,
+             "ignore_eos": True}
+    code, body, _ = call("POST", "/v1/completions", plain)
+    full = json.loads(body)["choices"][0]["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    check(len(stop) == 3, f"a stop string from {full!r}")
+    want = full[:full.index(stop)]
+    code, body, _ = call("POST", "/v1/completions", dict(plain, stop=[stop, "never-in-text"]))
+    got = json.loads(body)["choices"][0]
+    check(code == 200 and got["text"] == want and got["finish_reason"] == "stop",
+          f"stop {stop!r}: {got} vs {want!r}")
+    code, body, _ = call("POST", "/v1/completions", dict(plain, stop=stop, stream=True))
+    events = [json.loads(l[6:]) for l in body.split("\n")
+              if l.startswith("data: ") and l != "data: [DONE]"]
+    streamed = "".join(e["choices"][0]["text"] for e in events)
+    check(streamed == want and events[-1]["choices"][0]["finish_reason"] == "stop",
+          f"streamed stop {stop!r}: {streamed!r} vs {want!r}")
+    print(f"serve main: stop sequence {stop!r} ends the text, streamed and not")
     # A client that sends a pipelined request behind a long one and then hangs up: the long one
     # is cancelled (the pipelined bytes did not end the watch for the hang-up).
     import socket, time, urllib.parse

@@ -40,6 +40,16 @@ TEST(OpenAiApi, ParsesChatWithDefaultsAndExtensions) {
                            true, {});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->max_tokens, 4) << "max_completion_tokens wins";
+  // stop: a string or up to 4; the defaults of unimplemented fields are accepted.
+  auto st = ParseApiRequest(R"({"prompt": "x", "stop": "\n\n", "frequency_penalty": 0,
+                                "presence_penalty": null, "tools": [], "echo": false,
+                                "response_format": {"type": "text"}, "best_of": 1})",
+                            false, {});
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->stop, std::vector<std::string>{"\n\n"});
+  auto st2 = ParseApiRequest(R"({"prompt": "x", "stop": ["a", "bc"]})", false, {});
+  ASSERT_TRUE(st2.ok());
+  EXPECT_EQ(st2->stop, (std::vector<std::string>{"a", "bc"}));
 }
 
 TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
@@ -69,6 +79,17 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
        "'max_tokens'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
        "'max_completion_tokens'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]})",
+       "'stop'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": [""]})", "'stop'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop": 3})", "'stop'"},
+      // Not implemented: refused, not ignored.
+      {R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5})",
+       "'frequency_penalty' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
+       "'tools' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+       "'response_format' is not supported"},
   };
   for (const auto& [body, needle] : cases) {
     auto r = ParseApiRequest(body, true, {});
