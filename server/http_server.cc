@@ -69,6 +69,24 @@ struct Session : std::enable_shared_from_this<Session> {
     parser->header_limit(static_cast<std::uint32_t>(srv.opts.max_header_bytes));
     stream.expires_after(std::chrono::seconds(60));
     reading = true;
+    // The header first: a client that sent "Expect: 100-continue" waits for the interim reply
+    // before it sends the body (curl does for bodies over 1 MB: ~1 s lost otherwise).
+    http::async_read_header(
+        stream, buffer, *parser, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->OnRead(ec);
+          const auto& h = self->parser->get();
+          if (beast::iequals(h[http::field::expect], "100-continue") && !self->parser->is_done()) {
+            auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+            return asio::async_write(self->stream, asio::buffer(*cont),
+                                     [self, cont](beast::error_code e, size_t) {
+                                       if (e) return self->OnRead(e);
+                                       self->ReadBody();
+                                     });
+          }
+          self->ReadBody();
+        });
+  }
+  void ReadBody() {
     http::async_read(
         stream, buffer, *parser,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });

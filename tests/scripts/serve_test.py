@@ -131,6 +131,25 @@ if mode == "main":
     check(streamed == want and events[-1]["choices"][0]["finish_reason"] == "stop",
           f"streamed stop {stop!r}: {streamed!r} vs {want!r}")
     print(f"serve main: stop sequence {stop!r} ends the text, streamed and not")
+    # "Expect: 100-continue": the interim reply comes before the body is sent.
+    import socket, urllib.parse
+    u = urllib.parse.urlparse(base)
+    body = json.dumps({"prompt": "Hi", "temperature": 0, "max_tokens": 2}).encode()
+    s = socket.create_connection((u.hostname, u.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+    interim = s.recv(4096)
+    check(interim.startswith(b"HTTP/1.1 100 Continue"), f"100-continue: {interim!r}")
+    s.sendall(body)
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    s.close()
+    check(reply.startswith(b"HTTP/1.1 200"), f"after 100-continue: {reply[:200]!r}")
+    print("serve main: Expect: 100-continue answered before the body")
     # A client that sends a pipelined request behind a long one and then hangs up: the long one
     # is cancelled (the pipelined bytes did not end the watch for the hang-up).
     import socket, time, urllib.parse
