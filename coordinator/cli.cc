@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -76,11 +77,22 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 // A multi-turn script or a batch of prompts: a JSON array of strings, or one per non-empty line.
 absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
                                                    const std::string& path) {
-  std::ifstream in(path);
+  // At most 64 MiB (a pipe or /dev/stdin is fine; /dev/zero or a huge file is refused, not read
+  // until memory runs out).
+  constexpr size_t kMaxBytes = 64 << 20;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(StrCat(what, " file '", path, "' is a directory"));
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(StrCat("cannot open ", what, " file '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  std::string text(kMaxBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxBytes) {
+    return absl::InvalidArgumentError(
+        StrCat(what, " file '", path, "' is larger than ", kMaxBytes >> 20, " MiB"));
+  }
   std::vector<std::string> turns;
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {

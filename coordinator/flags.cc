@@ -1,5 +1,6 @@
 #include "coordinator/flags.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -45,11 +46,27 @@ std::string Flags::String(const std::string& name, const std::string& dflt) cons
   return it == values_.end() ? dflt : it->second;
 }
 
+namespace {
+// A number as people write it: no blanks around it and no hexadecimal (strtoll / strtod take
+// both, so " -1" passed as an unsigned seed and "0x10" as a temperature of 16).
+bool PlainNumber(const std::string& s) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s.front())) ||
+      std::isspace(static_cast<unsigned char>(s.back()))) {
+    return false;
+  }
+  return s.find_first_of("xX") == std::string::npos;
+}
+}  // namespace
+
 absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t dflt, int64_t lo,
                                    int64_t hi) const {
   auto it = values_.find(name);
   if (it == values_.end()) return dflt;
   const std::string& s = it->second;
+  if (!PlainNumber(s)) {
+    return absl::InvalidArgumentError(
+        StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", s, "'"));
+  }
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -67,7 +84,7 @@ absl::StatusOr<double> Flags::Float(const std::string& name, double dflt, double
   const std::string& s = it->second;
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
+  if (!PlainNumber(s) || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
     return absl::InvalidArgumentError(
         StrCat("--", name, " must be a number in [", lo, ", ", hi, "], got '", s, "'"));
   }
@@ -81,7 +98,7 @@ absl::StatusOr<uint64_t> Flags::Uint64(const std::string& name, uint64_t dflt) c
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE) {
+  if (!PlainNumber(s) || s[0] == '-' || *end != '\0' || errno == ERANGE) {
     return absl::InvalidArgumentError(
         StrCat("--", name, " must be a non-negative integer, got '", s, "'"));
   }

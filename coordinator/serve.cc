@@ -52,7 +52,13 @@ int Serve(int argc, char** argv) {
       return Fail(absl::NotFoundError(
           StrCat("cannot read --api-key-file '", f->String("api-key-file", ""), "'")));
     }
-    std::getline(in, ho.api_key);
+    // The first line, of at most 4 KiB (a key, not whatever the path points at: /dev/zero).
+    std::string line(4097, '\0');
+    in.getline(line.data(), static_cast<std::streamsize>(line.size()));
+    if (in.fail() && !in.eof() && in.gcount() >= 4096) {
+      return Fail(absl::InvalidArgumentError("--api-key-file: the key is longer than 4096 bytes"));
+    }
+    ho.api_key = line.c_str();
     // A key file written on Windows (or with trailing blanks) holds the same key.
     while (!ho.api_key.empty() && std::isspace(static_cast<unsigned char>(ho.api_key.back()))) {
       ho.api_key.pop_back();

@@ -254,7 +254,7 @@ std::string GgmlTypeName(uint32_t type_id) {
       "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
       "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   if (type_id < sizeof(kNames) / sizeof(kNames[0])) return kNames[type_id];
-  return StrCat("type ", type_id);
+  return StrCat(type_id);
 }
 
 int64_t GgufTensorInfo::rows() const {

@@ -160,6 +160,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   }
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   auto pre = f.GetString("tokenizer.ggml.pre");
+  // Absent: the default; present with another type: an error (as "default" it would split
+  // digits differently and change every token id silently).
+  if (!pre.ok() && f.Find("tokenizer.ggml.pre") != nullptr) return pre.status();
   const std::string_view pre_name = pre.ok() ? *pre : "default";
   if (pre_name == "smollm") {
     t->split_digits_ = true;

@@ -71,6 +71,14 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--seed", "-1"},
                      "--seed must be a non-negative integer");
   ExpectOneLineError({"run", "--prompt", "x", "--bogus"}, "unknown flag --bogus");
+  // Numbers as written: no blanks or hexadecimal (" -1" passed as an unsigned seed).
+  ExpectOneLineError({"run", "--prompt", "x", "--seed", " -1"}, "--seed must be a non-negative");
+  ExpectOneLineError({"run", "--prompt", "x", "--temperature", "0x10"}, "--temperature must be");
+  ExpectOneLineError({"run", "--prompt", "x", "--max-tokens", " 5"}, "--max-tokens must be");
+  // Prompt files: bounded, not directories.
+  ExpectOneLineError({"run", "--session", "/dev/zero"}, "is larger than 64 MiB");
+  ExpectOneLineError({"run", "--prompts", ::testing::TempDir()}, "is a directory");
+  ExpectOneLineError({"serve", "--api-key-file", "/dev/zero"}, "longer than 4096 bytes");
   // Every request queues before it runs: an empty queue would refuse them all.
   ExpectOneLineError({"run", "--prompt", "x", "--max-waiting", "0"},
                      "--max-waiting must be an integer in [1, 1048576], got '0'");

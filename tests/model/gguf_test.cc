@@ -187,7 +187,7 @@ TEST(Gguf, RejectsTruncatedHeader) {
 TEST(Gguf, RejectsUnknownTensorType) {
   GgufBuilder b;
   b.Tensor("t", {32}, 99, std::string(128, '\0'));
-  ExpectError(b.Build(), "tensor 't': unsupported tensor type type 99");
+  ExpectError(b.Build(), "tensor 't': unsupported tensor type 99");
   GgufBuilder q5;
   q5.Tensor("t", {32}, 6, std::string(22, '\0'));
   ExpectError(q5.Build(), "tensor 't': unsupported tensor type Q5_0");

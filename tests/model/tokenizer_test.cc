@@ -96,6 +96,22 @@ TEST(Tokenizer, RejectsUnsupportedTokenizerModels) {
             std::string::npos);
 }
 
+// A pre-tokenizer name of another type is an error, not the default (which splits digits
+// differently and so changes token ids without a word).
+TEST(Tokenizer, RejectsAPreTokenizerNameOfAnotherType) {
+  testing::GgufBuilder b;
+  b.Str("tokenizer.ggml.model", "gpt2")
+      .U32("tokenizer.ggml.pre", 7)
+      .StrArray("tokenizer.ggml.tokens", {"a"});
+  const std::string bytes = b.Build();
+  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  ASSERT_TRUE(f.ok());
+  auto t = Tokenizer::FromGguf(**f);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.pre"), std::string::npos)
+      << t.status();
+}
+
 TEST(Tokenizer, RejectsOutOfRangeSpecialIds) {
   testing::GgufBuilder b;
   b.Str("tokenizer.ggml.model", "gpt2")
