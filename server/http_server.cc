@@ -36,6 +36,9 @@ struct HttpServer::Impl {
   asio::signal_set signals{io, SIGTERM, SIGINT};
   std::function<void()> on_signal;
   std::thread thread;
+  // Prompts are tokenised here, off the io thread: a 2 MB prompt takes seconds, and every
+  // connection would wait meanwhile. (Declared after io: destroyed, and joined, first.)
+  asio::thread_pool tokenizing{1};
   std::atomic<uint64_t> next_id{1};
   std::mutex sessions_mu;
   std::set<std::shared_ptr<struct Session>> sessions;  // guarded by sessions_mu (io thread)
@@ -239,18 +242,26 @@ struct Session : std::enable_shared_from_this<Session> {
     }
     auto api = std::make_shared<ApiRequest>(std::move(*parsed));
     if (api->model.empty()) api->model = srv.opts.model_name;
-    serving::Request r;
-    const auto& tok = srv.engine.tokenizer();
-    if (chat) {
-      const model::ChatTemplate* tmpl = srv.engine.chat_template();
-      if (tmpl == nullptr) {
-        return Reply(http::status::bad_request, ErrorJson(400, "the model has no chat template"),
-                     keep);
-      }
-      r.prompt = tok.Encode(tmpl->Render(api->messages, true), /*parse_special=*/true);
-    } else {
-      r.prompt = tok.Encode(api->prompt, /*parse_special=*/true);
+    const model::ChatTemplate* tmpl = srv.engine.chat_template();
+    if (chat && tmpl == nullptr) {
+      return Reply(http::status::bad_request, ErrorJson(400, "the model has no chat template"),
+                   keep);
     }
+    asio::post(srv.tokenizing, [self = shared_from_this(), api, chat, keep, tmpl] {
+      const auto& tok = self->srv.engine.tokenizer();
+      auto prompt = std::make_shared<std::vector<int32_t>>(
+          chat ? tok.Encode(tmpl->Render(api->messages, true), /*parse_special=*/true)
+               : tok.Encode(api->prompt, /*parse_special=*/true));
+      asio::post(self->srv.io, [self, api, chat, keep, prompt] {
+        if (!self->closed_) self->Start(api, std::move(*prompt), chat, keep);
+      });
+    });
+  }
+
+  void Start(std::shared_ptr<ApiRequest> api, std::vector<int32_t> prompt, bool chat, bool keep) {
+    serving::Request r;
+    r.prompt = std::move(prompt);
+    const auto& tok = srv.engine.tokenizer();
     const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(r.prompt.size());
     if (room <= 0 || api->max_tokens > room) {
       return Reply(http::status::bad_request,

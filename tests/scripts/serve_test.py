@@ -131,6 +131,18 @@ if mode == "main":
     check(streamed == want and events[-1]["choices"][0]["finish_reason"] == "stop",
           f"streamed stop {stop!r}: {streamed!r} vs {want!r}")
     print(f"serve main: stop sequence {stop!r} ends the text, streamed and not")
+    # A huge prompt is tokenised off the io thread: /health is answered while it still is (it
+    # takes seconds; the request then fails as too long for the context).
+    done = []
+    big = threading.Thread(target=lambda: done.append(
+        call("POST", "/v1/completions", {"prompt": "hello " * 330000, "max_tokens": 1})[0]))
+    big.start()
+    import time
+    time.sleep(0.3)
+    check(call("GET", "/health")[0] == 200 and not done, "health while a huge prompt is tokenised")
+    big.join()
+    check(done == [400], f"huge prompt: {done}")
+    print("serve main: /health answered while a 2 MB prompt was tokenised")
     # "Expect: 100-continue": the interim reply comes before the body is sent.
     import socket, urllib.parse
     u = urllib.parse.urlparse(base)
