@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "coordinator/flags.h"
+#include "coordinator/key_file.h"
 #include "coordinator/launch.h"
 #include "server/rpc_client.h"
 #include "util/str_cat.h"
@@ -80,10 +81,9 @@ int Client(int argc, char** argv) {
   if (!sampling.ok()) return Fail(sampling.status());
   std::string key = f->String("api-key", "");
   if (f->Has("api-key-file")) {
-    std::ifstream in(f->String("api-key-file", ""));
-    if (!in) return Fail(absl::NotFoundError("cannot read --api-key-file"));
-    std::getline(in, key);
-    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+    auto k = ReadKeyFile(f->String("api-key-file", ""));
+    if (!k.ok()) return Fail(k.status());
+    key = std::move(*k);
   }
   auto c =
       server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port), key);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "coordinator/flags.h"
+#include "coordinator/key_file.h"
 #include "coordinator/launch.h"
 #include "coordinator/serve_config.h"
 #include "server/engine_loop.h"
@@ -25,6 +26,11 @@ int Serve(int argc, char** argv) {
   if (f->Has("config")) {
     auto cfg = LoadServeConfig(f->String("config", ""));
     if (!cfg.ok()) return Fail(cfg.status());
+    // The command line wins: a key given there replaces the file's key in either form.
+    if (f->Has("api-key") || f->Has("api-key-file")) {
+      cfg->erase("api-key");
+      cfg->erase("api-key-file");
+    }
     f->AddDefaults(*cfg);
   }
   server::HttpOptions ho;
@@ -47,23 +53,9 @@ int Serve(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--api-key is empty"));
   }
   if (f->Has("api-key-file")) {
-    std::ifstream in(f->String("api-key-file", ""));
-    if (!in) {
-      return Fail(absl::NotFoundError(
-          StrCat("cannot read --api-key-file '", f->String("api-key-file", ""), "'")));
-    }
-    // The first line, of at most 4 KiB (a key, not whatever the path points at: /dev/zero).
-    std::string line(4097, '\0');
-    in.getline(line.data(), static_cast<std::streamsize>(line.size()));
-    if (in.fail() && !in.eof() && in.gcount() >= 4096) {
-      return Fail(absl::InvalidArgumentError("--api-key-file: the key is longer than 4096 bytes"));
-    }
-    ho.api_key = line.c_str();
-    // A key file written on Windows (or with trailing blanks) holds the same key.
-    while (!ho.api_key.empty() && std::isspace(static_cast<unsigned char>(ho.api_key.back()))) {
-      ho.api_key.pop_back();
-    }
-    if (ho.api_key.empty()) return Fail(absl::InvalidArgumentError("--api-key-file is empty"));
+    auto key = ReadKeyFile(f->String("api-key-file", ""));
+    if (!key.ok()) return Fail(key.status());
+    ho.api_key = std::move(*key);
   }
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);

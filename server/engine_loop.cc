@@ -34,6 +34,18 @@ void EngineLoop::Cancel(serving::RequestId id) {
   cv_.notify_one();
 }
 
+void EngineLoop::FinishEarly(serving::RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Command c;
+    c.cancel = true;
+    c.finish = true;
+    c.id = id;
+    inbox_.push_back(std::move(c));
+  }
+  cv_.notify_one();
+}
+
 void EngineLoop::Stop(std::chrono::steady_clock::duration drain) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -104,7 +116,11 @@ absl::Status EngineLoop::RunSteps() {
         continue;
       }
       if (c.cancel) {
-        sched.Cancel(c.id);
+        if (c.finish) {
+          sched.FinishEarly(c.id);
+        } else {
+          sched.Cancel(c.id);
+        }
         continue;
       }
       if (stopping) {

@@ -37,6 +37,8 @@ class EngineLoop {
   // loop is stopping. The callbacks then follow as in serving::Scheduler.
   void Submit(serving::Request req, serving::Callbacks cb, Submitted submitted);
   void Cancel(serving::RequestId id);
+  // Ends a request as finished with reason "stop" (serving::Scheduler::FinishEarly).
+  void FinishEarly(serving::RequestId id);
   // Forgets a session's kept KV (its partial last block returns to the pool).
   void DropSession(const std::string& session_id);
 
@@ -52,6 +54,7 @@ class EngineLoop {
  private:
   struct Command {
     bool cancel = false;
+    bool finish = false;  // with cancel: FinishEarly
     serving::RequestId id = 0;
     std::string drop_session;  // non-empty: a DropSession command
     serving::Request req;

@@ -38,7 +38,7 @@ struct HttpServer::Impl {
   std::thread thread;
   // Prompts are tokenised here, off the io thread: a 2 MB prompt takes seconds, and every
   // connection would wait meanwhile. (Declared after io: destroyed, and joined, first.)
-  asio::thread_pool tokenizing{1};
+  asio::thread_pool tokenizing{2};
   std::atomic<uint64_t> next_id{1};
   std::mutex sessions_mu;
   std::set<std::shared_ptr<struct Session>> sessions;  // guarded by sessions_mu (io thread)
@@ -62,6 +62,7 @@ struct Session : std::enable_shared_from_this<Session> {
   std::deque<std::string> out;
   bool writing = false, close_after_writes = false;
   bool closed_ = false;
+  bool watching_ = false;  // a hang-up watch is pending (WatchForHangUp)
 
   Session(HttpServer::Impl& s, tcp::socket sock) : srv(s), stream(std::move(sock)) {}
 
@@ -143,9 +144,16 @@ struct Session : std::enable_shared_from_this<Session> {
     srv.sessions.erase(shared_from_this());
   }
 
+  // One watch at a time: a watch that outlives its request (it kept a pipelined request's
+  // bytes, which the next read then parsed from the buffer) watches for the next request too;
+  // two would race for the same bytes, and the loser would take "nothing to read" for a
+  // hang-up.
   void WatchForHangUp() {
+    if (watching_) return;
+    watching_ = true;
     stream.socket().async_wait(
         tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+          self->watching_ = false;
           if (ec || self->closed_ || !self->request) return;
           beast::error_code e2;
           const size_t n = self->stream.socket().available(e2);
@@ -287,6 +295,7 @@ struct Session : std::enable_shared_from_this<Session> {
       // the start of one. stopped: one was found (text ends before it; the request cancelled).
       size_t sent = 0;
       bool stopped = false;
+      int64_t tokens = 0;  // streamed so far; at a stop, those up to the one completing it
     };
     auto gen = std::make_shared<Gen>();
     auto self = shared_from_this();
@@ -297,6 +306,7 @@ struct Session : std::enable_shared_from_this<Session> {
         ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}};
         for (const auto& [t, lp] : l.top) a.top.emplace_back(tok.TokenBytes(t, true), lp);
         asio::post(io, [gen, a = std::move(a)] {
+          if (gen->stopped) return;  // a token after the stop sequence's
           gen->lps.push_back(a);
           gen->pending_lps.push_back(a);
         });
@@ -306,6 +316,7 @@ struct Session : std::enable_shared_from_this<Session> {
       std::string bytes = tok.TokenBytes(t);
       asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
         if (gen->stopped) return;
+        ++gen->tokens;
         gen->pending += bytes;
         const size_t n = CompleteUtf8Prefix(gen->pending);
         if (n == 0) return;
@@ -325,7 +336,8 @@ struct Session : std::enable_shared_from_this<Session> {
             gen->pending.clear();
             gen->stopped = true;
             ready = at;
-            if (self->request) self->srv.loop.Cancel(*self->request);
+            // Finished, not cancelled: counted as a success, the session recorded.
+            if (self->request) self->srv.loop.FinishEarly(*self->request);
           } else {
             // Hold back what could begin a stop sequence, cut at a character boundary.
             ready = gen->text.size() > longest - 1 ? gen->text.size() - (longest - 1) : 0;
@@ -345,9 +357,11 @@ struct Session : std::enable_shared_from_this<Session> {
       asio::post(io, [self, gen, api, id, created, keep, c = c]() mutable {
         self->request.reset();
         if (gen->stopped) {
-          // Ended by a stop sequence (the cancel only stopped the generation).
-          c.status = absl::OkStatus();
+          // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
+          // first; the tokens generated after the stop's are not the answer's.
+          if (absl::IsCancelled(c.status)) c.status = absl::OkStatus();  // e.g. the drain's end
           c.stop_reason = "eos";
+          c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(gen->tokens)));
         } else {
           gen->text += gen->pending;
         }

@@ -100,6 +100,13 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
           if (self->read_paused || self->frames_in != seen) return self->ArmFrameDeadline();
           self->Fail(0, absl::DeadlineExceededError(StrCat("a frame was not completed within ",
                                                            kFrameDeadline.count(), " s")));
+          // The error goes out after the replies queued before it; a client that reads none of
+          // them would keep the connection (and its partial frame): closed after 5 s regardless.
+          if (self->closed) return;
+          self->frame_deadline.expires_after(std::chrono::seconds(5));
+          self->frame_deadline.async_wait([self](boost::system::error_code e) {
+            if (!e) self->Close();
+          });
         });
   }
 
@@ -111,6 +118,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   }
   void OnRead(boost::system::error_code ec, size_t n) {
     if (ec) return Close();
+    if (close_after_writes) return;  // failed: nothing more is read (or re-armed)
     decoder.Feed(rbuf, n);
     for (;;) {
       auto f = decoder.Next();

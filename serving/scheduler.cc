@@ -139,15 +139,28 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
 
 bool Scheduler::Cancel(RequestId id) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return false;
+  if (it == seqs_.end()) {
+    finishing_early_.erase(id);
+    return false;
+  }
   // From a callback, or while a step in flight holds the sequence: end it after that step.
   if (in_step_ || it->second->busy) {
     deferred_cancels_.push_back(id);
     return true;
   }
+  if (finishing_early_.erase(id) > 0) {
+    Finish(*it->second, absl::OkStatus(), "stop");
+    return true;
+  }
   ++stats_.cancelled;
   Finish(*it->second, absl::CancelledError("request cancelled"), "cancelled");
   return true;
+}
+
+bool Scheduler::FinishEarly(RequestId id) {
+  if (!seqs_.contains(id)) return false;
+  finishing_early_.insert(id);
+  return Cancel(id);
 }
 
 void Scheduler::CancelAll() {
@@ -469,8 +482,11 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
       ++it;
       continue;
     }
+    // The prompt's blocks still to allocate, the first generated token's, and a copy of a
+    // session's shared partial block (copy-on-write before the turn writes into it).
     const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
-                         static_cast<int64_t>(s.blocks.size()) + 1;
+                         static_cast<int64_t>(s.blocks.size()) + 1 +
+                         (s.computed % opts_.block_size != 0 ? 1 : 0);
     if (!running_.empty() && need + promised > blocks_.available()) {
       ReleaseBlocks(s);
       break;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "kvstore/block_hash.h"
 #include "kvstore/block_manager.h"
@@ -132,6 +133,10 @@ class Scheduler {
   // Ends a waiting or running request (Completion status Cancelled). False if unknown/done.
   // From a callback inside Step, the request ends when that step's sampling is done.
   bool Cancel(RequestId id);
+  // Ends a request as finished (OK, stop reason "stop"), as if it had generated its end: for a
+  // stop the caller found itself (an API's stop sequence). Its session is recorded, it counts
+  // as finished, not cancelled. False if unknown. Safe from a callback (then after the step).
+  bool FinishEarly(RequestId id);
   // Cancels every waiting and running request (shutdown); those in a step in flight end when
   // it finishes.
   void CancelAll();
@@ -203,9 +208,10 @@ class Scheduler {
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
   std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
-  std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
-  bool in_step_ = false;                      // sampling: callbacks are running
-  std::vector<RequestId> deferred_cancels_;   // Cancel() calls made from callbacks
+  std::deque<std::vector<Scheduled>> steps_;        // begun and not finished, oldest first
+  bool in_step_ = false;                            // sampling: callbacks are running
+  std::vector<RequestId> deferred_cancels_;         // Cancel() calls made from callbacks
+  absl::flat_hash_set<RequestId> finishing_early_;  // of those, FinishEarly's
 };
 
 }  // namespace kvmesh::serving

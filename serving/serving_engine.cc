@@ -111,6 +111,12 @@ bool ServingEngine::Cancel(RequestId id) {
   return schedulers_[r]->Cancel(id >> kReplicaBits);
 }
 
+bool ServingEngine::FinishEarly(RequestId id) {
+  const int r = static_cast<int>(id & ((1u << kReplicaBits) - 1));
+  if (r >= replicas()) return false;
+  return schedulers_[r]->FinishEarly(id >> kReplicaBits);
+}
+
 absl::Status ServingEngine::PipelinedStep() {
   Scheduler& sched = *schedulers_[0];
   for (worker::StepPlan plan; sched.BeginStep(plan);) {

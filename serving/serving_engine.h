@@ -55,6 +55,7 @@ class ServingEngine {
   // See Scheduler::Submit / Cancel / Step; ids are unique across replicas.
   absl::StatusOr<RequestId> Submit(Request req, Callbacks cb);
   bool Cancel(RequestId id);
+  bool FinishEarly(RequestId id);  // Scheduler::FinishEarly
   absl::Status Step();
   bool idle() const;
   void CancelAll();

@@ -79,6 +79,10 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--session", "/dev/zero"}, "is larger than 64 MiB");
   ExpectOneLineError({"run", "--prompts", ::testing::TempDir()}, "is a directory");
   ExpectOneLineError({"serve", "--api-key-file", "/dev/zero"}, "longer than 4096 bytes");
+  ExpectOneLineError({"serve", "--api-key-file", ::testing::TempDir()}, "is a directory");
+  ExpectOneLineError({"serve", "--api-key-file", WriteTemp("nul.key", std::string("ab\0c\n", 5))},
+                     "holds a NUL byte");
+  ExpectOneLineError({"client", "health", "--api-key-file", "/dev/zero"}, "longer than 4096");
   ExpectOneLineError({"client", "bogus", "--port", "1"}, "client: unknown action 'bogus'");
   // Every request queues before it runs: an empty queue would refuse them all.
   ExpectOneLineError({"run", "--prompt", "x", "--max-waiting", "0"},
@@ -125,6 +129,10 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--api-key", ""}, "--api-key is empty");
   ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "api_key: \"\"\n")},
                      "--api-key is empty");
+  // A key on the command line replaces the file's, in either form (not "give one, not both").
+  ExpectOneLineError(
+      {"serve", "--config", WriteTemp("c7.yaml", "api_key_file: /nonexistent\n"), "--api-key", ""},
+      "--api-key is empty");
 }
 
 TEST(Cli, BadModelFiles) {

@@ -111,6 +111,7 @@ if mode == "main":
     code, _, _ = call("GET", "/health")
     check(code == 200, "still serving after bad requests")
     print(f"serve main: chat, stream, completions, session cached {cached}, hits {hits}, errors ok")
+    import time
     # Stop sequences: the text ends before the first one, finish_reason "stop", streamed alike
     # (text that could begin a stop sequence is held back until it cannot).
     plain = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 24,
@@ -130,7 +131,46 @@ if mode == "main":
     streamed = "".join(e["choices"][0]["text"] for e in events)
     check(streamed == want and events[-1]["choices"][0]["finish_reason"] == "stop",
           f"streamed stop {stop!r}: {streamed!r} vs {want!r}")
+    # ... and the request finishes as a success, not a cancel.
+    ok0, cancelled0 = metric("kvmesh:request_success_total"), metric("kvmesh:request_cancelled_total")
+    code, body, _ = call("POST", "/v1/completions", dict(plain, stop=stop))
+    usage = json.loads(body)["usage"]
+    for _ in range(50):  # /metrics is published after the engine step that answered
+        if metric("kvmesh:request_success_total") > ok0:
+            break
+        time.sleep(0.1)
+    time.sleep(0.3)  # (an earlier request may still be counted: at least one more, no cancel)
+    check(metric("kvmesh:request_success_total") >= ok0 + 1 and
+          metric("kvmesh:request_cancelled_total") == cancelled0,
+          "a stop sequence is a success: success %s -> %s, cancelled %s -> %s" % (
+              ok0, metric("kvmesh:request_success_total"), cancelled0,
+              metric("kvmesh:request_cancelled_total")))
+    check(0 < usage["completion_tokens"] < 24, f"tokens up to the stop: {usage}")
     print(f"serve main: stop sequence {stop!r} ends the text, streamed and not")
+    # Three keep-alive requests on one connection, the second pipelined behind the first and the
+    # third sent while the second runs: all three are answered (two hang-up watches, one left
+    # over from the first request, once raced for the third's bytes and closed the connection).
+    import socket as _s, urllib.parse as _u
+    uu = _u.urlparse(base)
+    one = json.dumps({"prompt": "Count:", "max_tokens": 40, "ignore_eos": True,
+                      "temperature": 0}).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\n\r\n%s" % (len(one), one))
+    c = _s.create_connection((uu.hostname, uu.port), timeout=60)
+    c.sendall(req + req)
+    got, answers = b"", 0
+    while answers < 3:
+        chunk = c.recv(65536)
+        check(chunk, f"connection closed after {answers} answers")
+        got += chunk
+        n = got.count(b"HTTP/1.1 200")
+        if n > answers:
+            answers = n
+            if answers == 1:
+                time.sleep(0.1)
+                c.sendall(req)  # while the second runs
+    c.close()
+    print("serve main: three pipelined keep-alive requests all answered")
     # A huge prompt is tokenised off the io thread: /health is answered while it still is (it
     # takes seconds; the request then fails as too long for the context).
     done = []

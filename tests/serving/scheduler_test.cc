@@ -293,6 +293,38 @@ TEST(Scheduler, AdmissionDoesNotOvercommitThePool) {
   h.ExpectNoLeaks();
 }
 
+// FinishEarly (an API's stop sequence): the request ends as finished, not cancelled, with
+// stop reason "stop", and its session is recorded; from a token callback it takes effect after
+// the step.
+TEST(Scheduler, FinishEarlyEndsARequestAsFinished) {
+  Harness h({.n_blocks = 32, .block_size = 4});
+  const auto p = Tokens(10, 41);
+  Request r;
+  r.prompt = p;
+  r.max_tokens = 50;
+  r.sampling.temperature = 0;
+  r.session_id = "s";
+  Completion got;
+  int tokens = 0;
+  RequestId id = 0;
+  auto sub = h.sched.Submit(r, {.on_token =
+                                    [&](RequestId, int32_t) {
+                                      if (++tokens == 3) EXPECT_TRUE(h.sched.FinishEarly(id));
+                                    },
+                                .on_done = [&](const Completion& c) { got = c; }});
+  ASSERT_TRUE(sub.ok());
+  id = *sub;
+  h.Drain();
+  EXPECT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.stop_reason, "stop");
+  EXPECT_EQ(got.tokens, Expected(p, 3));
+  EXPECT_EQ(h.sched.stats().cancelled, 0);
+  EXPECT_EQ(h.sched.stats().finished, 1);
+  EXPECT_TRUE(h.sched.HasSession("s")) << "a finished turn keeps its session";
+  EXPECT_FALSE(h.sched.FinishEarly(id)) << "already ended";
+  h.ExpectNoLeaks();
+}
+
 // A session dropped while its turn runs stays dropped: the finishing turn does not record it.
 TEST(Scheduler, DroppingASessionDuringItsTurnForgetsIt) {
   Harness h({.n_blocks = 32, .block_size = 4});

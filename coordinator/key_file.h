@@ -1,0 +1,41 @@
+// An API key read from a file (--api-key-file): its first line, at most 4 KiB, trailing blanks
+// and CR dropped. A directory, a device without lines (/dev/zero), NUL bytes or an empty key
+// are errors naming the file.
+#pragma once
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "util/str_cat.h"
+
+namespace kvmesh::coordinator {
+
+inline absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(StrCat("--api-key-file '", path, "' is a directory"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(StrCat("cannot read --api-key-file '", path, "'"));
+  constexpr std::streamsize kMax = 4096;
+  std::string line(kMax + 1, '\0');
+  in.getline(line.data(), kMax + 1);
+  if (in.fail() && !in.eof() && in.gcount() >= kMax) {
+    return absl::InvalidArgumentError("--api-key-file: the key is longer than 4096 bytes");
+  }
+  // gcount() counts the newline getline consumed, if it found one.
+  size_t n = static_cast<size_t>(in.gcount());
+  if (n > 0 && !in.eof() && line[n - 1] == '\0') --n;
+  line.resize(n);
+  if (line.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("--api-key-file: the key holds a NUL byte");
+  }
+  while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+  if (line.empty()) return absl::InvalidArgumentError("--api-key-file is empty");
+  return line;
+}
+
+}  // namespace kvmesh::coordinator
