@@ -131,6 +131,9 @@ absl::Status EngineLoop::RunSteps() {
       auto done = std::move(c.cb.on_done);
       c.cb.on_done = [this, done = std::move(done)](const serving::Completion& comp) {
         if (comp.status.ok()) e2e_.Observe(comp.total_ms / 1e3);
+        // Published before the answer goes out: a client that reads /metrics after its
+        // response sees it counted (publishing only after the step lagged by one step).
+        Publish();
         if (done) done(comp);
       };
       c.submitted(sched.Submit(std::move(c.req), std::move(c.cb)));
