@@ -21,7 +21,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
                                              " tokens but token_embd.weight has ",
                                              e->model_->config().n_vocab, " rows"));
   }
-  if (auto ct = model::ChatTemplate::FromGguf(e->model_->gguf()); ct.ok()) e->chat_ = *ct;
+  // Without one, chat requests fail with the template's own reason (a template of another
+  // type, an unsupported dialect), not a generic "no template".
+  if (auto ct = model::ChatTemplate::FromGguf(e->model_->gguf()); ct.ok()) {
+    e->chat_ = *ct;
+  } else {
+    e->no_chat_reason_ = std::string(ct.status().message());
+  }
   const int64_t train_ctx = e->model_->config().n_ctx_train;
   if (opts.ctx_size < 0) return absl::InvalidArgumentError("ctx_size must be >= 0");
   e->ctx_size_ = opts.ctx_size == 0 ? train_ctx : std::min(opts.ctx_size, train_ctx);
@@ -190,7 +196,10 @@ absl::Status Engine::StopFollowers() {
 }
 
 absl::StatusOr<std::vector<int32_t>> Engine::ChatPrompt(const std::string& user_message) const {
-  if (!chat_) return absl::FailedPreconditionError("model has no supported chat template");
+  if (!chat_) {
+    return absl::FailedPreconditionError(
+        StrCat("model has no supported chat template: ", no_chat_reason_));
+  }
   const std::string text = chat_->Render({{"user", user_message}}, /*add_generation_prompt=*/true);
   return tokenizer_->Encode(text, /*parse_special=*/true);
 }

@@ -108,6 +108,7 @@ class Engine {
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::optional<model::ChatTemplate> chat_;
+  std::string no_chat_reason_;  // why chat_ is empty
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<kvstore::KvBlockArena> arena_;

@@ -133,6 +133,14 @@ t.sendall(frame(1, b"legit"))
 r = reply(t)
 assert b"legit" in r and b"too many" not in r, r
 print("serve rpc: 1100 sessions opened and never closed; the oldest evicted, a new client still opens one")
+# A negative max_tokens is refused naming the field (it ran 256 tokens): Frame{1: 1,
+# 3: GenerateRequest{1: "x", 3: -1}}.
+g = b"\x0a\x01x" + b"\x18" + b"\xff" * 9 + b"\x01"
+f = b"\x08\x01\x1a" + bytes([len(g)]) + g
+t.sendall(struct.pack("<I", len(f)) + f)
+r = reply(t)
+assert b"max_tokens must be >= 0" in r, r
+print("serve rpc: a negative max_tokens is refused naming the field")
 PY
 
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
