@@ -86,12 +86,14 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(StrCat("cannot open ", what, " file '", path, "'"));
-  std::string text(kMaxBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxBytes) {
-    return absl::InvalidArgumentError(
-        StrCat(what, " file '", path, "' is larger than ", kMaxBytes >> 20, " MiB"));
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxBytes) {
+      return absl::InvalidArgumentError(
+          StrCat(what, " file '", path, "' is larger than ", kMaxBytes >> 20, " MiB"));
+    }
   }
   std::vector<std::string> turns;
   const size_t first = text.find_first_not_of(" \t\r\n");

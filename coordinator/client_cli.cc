@@ -2,7 +2,6 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include <cctype>
 #include <fstream>
 #include <iostream>
 #include <set>

@@ -1,8 +1,6 @@
 #include "coordinator/serve.h"
 
-#include <cctype>
 #include <csignal>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 

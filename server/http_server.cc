@@ -292,10 +292,11 @@ struct Session : std::enable_shared_from_this<Session> {
       bool first = true;
       std::vector<ApiLogprob> lps, pending_lps;  // all tokens' / not yet streamed
       // Stop sequences: text[0, sent) is streamed; the rest is held while it could still be
-      // the start of one. stopped: one was found (text ends before it; the request cancelled).
+      // the start of one. stopped: one was found (text ends before it; the request finished
+      // early).
       size_t sent = 0;
       bool stopped = false;
-      int64_t tokens = 0;  // streamed so far; at a stop, those up to the one completing it
+      int64_t tokens = 0;  // received so far; after a stop, those up to the one completing it
     };
     auto gen = std::make_shared<Gen>();
     auto self = shared_from_this();
@@ -341,7 +342,8 @@ struct Session : std::enable_shared_from_this<Session> {
           } else {
             // Hold back what could begin a stop sequence, cut at a character boundary.
             ready = gen->text.size() > longest - 1 ? gen->text.size() - (longest - 1) : 0;
-            ready = std::max(gen->sent, CompleteUtf8Prefix(gen->text.substr(0, ready)));
+            ready = std::max(gen->sent,
+                             CompleteUtf8Prefix(std::string_view(gen->text).substr(0, ready)));
           }
         }
         if (api->stream && !self->cancelled && ready > gen->sent) {

@@ -1,6 +1,8 @@
 // The RPC API's sampling parameters (kvmesh.v1.SamplingParams) as the sampler's.
 #pragma once
 
+#include <algorithm>
+
 #include "absl/status/statusor.h"
 #include "kvmesh.pb.h"
 #include "model/sampler.h"

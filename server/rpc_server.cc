@@ -15,7 +15,6 @@
 #include "server/listener.h"
 #include "server/rpc_frame.h"
 #include "server/rpc_sampling.h"
-#include "util/random_seed.h"
 #include "util/str_cat.h"
 #include "util/utf8.h"
 

@@ -137,18 +137,19 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   return id;
 }
 
-bool Scheduler::Cancel(RequestId id) {
+bool Scheduler::Cancel(RequestId id) { return End(id, /*early=*/false); }
+
+bool Scheduler::FinishEarly(RequestId id) { return End(id, /*early=*/true); }
+
+bool Scheduler::End(RequestId id, bool early) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) {
-    finishing_early_.erase(id);
-    return false;
-  }
+  if (it == seqs_.end()) return false;
   // From a callback, or while a step in flight holds the sequence: end it after that step.
   if (in_step_ || it->second->busy) {
-    deferred_cancels_.push_back(id);
+    deferred_ends_.emplace_back(id, early);
     return true;
   }
-  if (finishing_early_.erase(id) > 0) {
+  if (early) {
     Finish(*it->second, absl::OkStatus(), "stop");
     return true;
   }
@@ -157,10 +158,10 @@ bool Scheduler::Cancel(RequestId id) {
   return true;
 }
 
-bool Scheduler::FinishEarly(RequestId id) {
-  if (!seqs_.contains(id)) return false;
-  finishing_early_.insert(id);
-  return Cancel(id);
+void Scheduler::RunDeferredEnds() {
+  std::vector<std::pair<RequestId, bool>> ends;
+  ends.swap(deferred_ends_);
+  for (const auto& [id, early] : ends) End(id, early);
 }
 
 void Scheduler::CancelAll() {
@@ -417,14 +418,9 @@ void Scheduler::RecordSession(Sequence& s) {
   DropSessionTail(ss);
   ss.tail = tail;
   ss.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
-  // NameFullBlocks named every full computed block.
+  // NameFullBlocks has named every full computed block (names holds computed / bs of them).
   const size_t full = static_cast<size_t>(s.computed / bs);
-  ss.prefix = salt_;
-  for (size_t i = 0; i < full; ++i) {
-    ss.prefix = i < s.names.size()
-                    ? s.names[i]
-                    : kvstore::ChainHash(ss.prefix, std::span(s.tokens).subspan(i * bs, bs));
-  }
+  ss.prefix = full == 0 ? salt_ : s.names[full - 1];
 }
 
 void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reason) {
@@ -544,9 +540,7 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_l
     for (RequestId id : ids) {
       if (auto it = seqs_.find(id); it != seqs_.end()) Finish(*it->second, s, "error");
     }
-    std::vector<RequestId> cancels;
-    cancels.swap(deferred_cancels_);
-    for (RequestId id : cancels) Cancel(id);
+    RunDeferredEnds();
     return s;
   }
   const auto now = Clock::now();
@@ -594,9 +588,7 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_l
     }
   }
   in_step_ = false;
-  std::vector<RequestId> cancels;
-  cancels.swap(deferred_cancels_);
-  for (RequestId id : cancels) Cancel(id);
+  RunDeferredEnds();
   return absl::OkStatus();
 }
 

@@ -26,10 +26,10 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "kvstore/block_hash.h"
 #include "kvstore/block_manager.h"
@@ -177,6 +177,8 @@ class Scheduler {
     Sequence* seq;
     int32_t chunk;
   };
+  bool End(RequestId id, bool early);  // Cancel (early false) and FinishEarly (true)
+  void RunDeferredEnds();
   void Admit(Sequence& s);  // matches the cached prefix (acquires its blocks)
   void Start(Sequence& s);  // moves an admitted sequence into the running batch
   bool WaitsForInFlightBlock(const Sequence& s) const;
@@ -208,10 +210,10 @@ class Scheduler {
   std::mt19937_64 preempt_rng_;
   std::vector<float> logits_;
   std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
-  std::deque<std::vector<Scheduled>> steps_;        // begun and not finished, oldest first
-  bool in_step_ = false;                            // sampling: callbacks are running
-  std::vector<RequestId> deferred_cancels_;         // Cancel() calls made from callbacks
-  absl::flat_hash_set<RequestId> finishing_early_;  // of those, FinishEarly's
+  std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
+  bool in_step_ = false;                      // sampling: callbacks are running
+  // Cancel / FinishEarly calls made from callbacks or on sequences in flight: (id, early).
+  std::vector<std::pair<RequestId, bool>> deferred_ends_;
 };
 
 }  // namespace kvmesh::serving

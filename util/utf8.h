@@ -4,13 +4,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kvmesh {
 
 // Length of the longest prefix of `s` that does not end inside a multi-byte character: the
 // bytes after it wait for the next token. (Trailing bytes that cannot start a character count
 // as complete.)
-inline size_t CompleteUtf8Prefix(const std::string& s) {
+inline size_t CompleteUtf8Prefix(std::string_view s) {
   size_t keep = 0;
   for (size_t i = s.size(); i > 0 && keep < 4; --i, ++keep) {
     const auto b = static_cast<unsigned char>(s[i - 1]);

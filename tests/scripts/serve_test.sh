@@ -90,19 +90,24 @@ print("serve rpc: session cached tokens per turn", cached)
 PY
 rpcc status | python3 -c "import json,sys; s=json.load(sys.stdin); assert s['world']==1 and s['ranks'][0]['kvBlocks']>0, s" || fail "rpc status"
 rpcc stats | python3 -c "import json,sys; s=json.load(sys.stdin); assert int(s['prefixHitTokens'])>0, s" || fail "rpc stats"
-python3 - "$rpc" <<'PY' || fail "rpc malformed frame"
+# Announces a frame of $1 bytes on the RPC port: it must get an Error frame ("exceeds the
+# limit"), then the server closes the connection.
+rpc_frame_refused() {
+  python3 - "$rpc" "$1" <<'PY'
 import socket, struct, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(struct.pack("<I", 0xFFFFFFF0))  # a length over the 4 MiB frame limit
+s.sendall(struct.pack("<I", int(sys.argv[2])))
 data = b""
 while True:
     chunk = s.recv(4096)
     if not chunk:
         break
     data += chunk
-assert b"exceeds the limit" in data, data   # an Error frame, then the server closed
-print("serve rpc: oversized frame refused with an Error frame, connection closed")
+assert b"exceeds the limit" in data, data
 PY
+}
+rpc_frame_refused $((0xFFFFFFF0)) || fail "rpc malformed frame"  # over the 4 MiB frame limit
+echo "serve rpc: oversized frame refused with an Error frame, connection closed"
 [[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
 # More sessions opened than the table holds (1024), never closed: the least recently used go,
 # so another client can still open one (frames encoded by hand: Frame{1: id, 7: SessionOpen}).
@@ -209,18 +214,8 @@ python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
 "$bin" client health --port "$rpc" --api-key wrong >/dev/null 2>&1 && fail "rpc with a wrong key succeeded"
 [[ "$("$bin" client health --port "$rpc" --api-key s3cret)" == '{"status":"ok"}' ]] || fail "rpc with the key"
-python3 - "$rpc" <<'PY' || fail "rpc frame limit before auth"
-import socket, struct, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(struct.pack("<I", 1 << 20))  # 1 MiB announced by a client that has not authenticated
-data = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    data += chunk
-assert b"exceeds the limit" in data, data
-PY
+# 1 MiB announced by a client that has not authenticated.
+rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
 echo "serve rpc auth: the first frame must carry the key; frames before it are small"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
