@@ -52,7 +52,8 @@ constexpr char kUsage[] =
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
-    "            [--max-body-bytes N] [--served-model-name NAME] + run's model and serving flags\n"
+    "            [--max-body-bytes N] [--served-model-name NAME] [--prefix-reuse]\n"
+    "            (over the config's enable_prefix_caching: false) + run's model and serving flags\n"
     "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
     "            /health /metrics (under mpirun for --tp/--pp); cluster RPC on --rpc-port\n"
     "            (8001; --no-rpc to disable)\n"
@@ -74,7 +75,8 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
 
 int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 
-// A multi-turn script or a batch of prompts: a JSON array of strings, or one per non-empty line.
+// A multi-turn script or a batch of prompts: a JSON array of strings (a *.json file, or any file
+// that parses as JSON), or one per non-empty line.
 absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
                                                    const std::string& path) {
   // At most 64 MiB (a pipe or /dev/stdin is fine; /dev/zero or a huge file is refused, not read
@@ -96,9 +98,15 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
     }
   }
   std::vector<std::string> turns;
+  // JSON when the file is named *.json, or when the whole text parses as JSON; otherwise lines
+  // (so a text file whose first turn begins with '[' is not refused as broken JSON).
+  const bool named_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '[') {
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json j;
+  if (named_json || (first != std::string::npos && text[first] == '[')) {
+    j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  }
+  if (named_json || (!j.is_discarded() && !j.is_null())) {
     if (j.is_discarded() || !j.is_array()) {
       return absl::InvalidArgumentError(
           StrCat(what, " file '", path, "': not a JSON array of strings"));
@@ -392,7 +400,7 @@ absl::StatusOr<std::vector<int>> IntList(const Flags& f, const std::string& name
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < lo || v > hi) {
-      return absl::InvalidArgumentError(StrCat("-", name,
+      return absl::InvalidArgumentError(StrCat(f.Spelling(name),
                                                " must be a comma-separated list of integers in [",
                                                lo, ", ", hi, "], got '", s, "'"));
     }
@@ -403,18 +411,9 @@ absl::StatusOr<std::vector<int>> IntList(const Flags& f, const std::string& name
 }
 
 int Bench(int argc, char** argv) {
-  // llama-bench spells its flags with one dash; accept both.
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 2; i < args.size(); ++i) {
-    if (args[i] == "-p" || args[i] == "-n" || args[i] == "-t" || args[i] == "-d" ||
-        args[i] == "-r") {
-      args[i] = "-" + args[i];
-    }
-  }
-  std::vector<char*> ptrs;
-  for (auto& a : args) ptrs.push_back(a.data());
-  auto f = Flags::Parse(static_cast<int>(ptrs.size()), ptrs.data(), 2,
-                        {"model", "p", "n", "t", "d", "r"}, {"json", "no-bandwidth"});
+  // llama-bench spells its flags with one dash; both spellings are accepted.
+  auto f = Flags::Parse(argc, argv, 2, {"model", "p", "n", "t", "d", "r"}, {"json", "no-bandwidth"},
+                        {"p", "n", "t", "d", "r"});
   if (!f.ok()) return Fail(f.status());
   bench::BenchOptions o;
   o.model_path = ModelPath(*f);

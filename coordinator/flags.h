@@ -1,5 +1,6 @@
 // Command-line flags for the kvmesh subcommands: "--name value", "--name=value" and boolean
-// "--name". Every value is validated; errors are one line naming the flag.
+// "--name"; names in `one_dash` (llama-bench's -p, -n, ...) are also "-p value" and are spelled
+// that way in messages. Every value is validated; errors are one line naming the flag.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,8 @@ class Flags {
   // InvalidArgument for an unknown flag, a missing value, or a positional argument.
   static absl::StatusOr<Flags> Parse(int argc, char** argv, int first,
                                      const std::set<std::string>& valued,
-                                     const std::set<std::string>& boolean);
+                                     const std::set<std::string>& boolean,
+                                     const std::set<std::string>& one_dash = {});
 
   // Adds `values` (from a config file) for flags not given on the command line.
   void AddDefaults(const std::map<std::string, std::string>& values) {
@@ -32,9 +34,12 @@ class Flags {
   absl::StatusOr<int64_t> Int(const std::string& name, int64_t dflt, int64_t lo, int64_t hi) const;
   absl::StatusOr<double> Float(const std::string& name, double dflt, double lo, double hi) const;
   absl::StatusOr<uint64_t> Uint64(const std::string& name, uint64_t dflt) const;
+  // The flag as its users write it: "--name", or "-p" for a one-dash name.
+  std::string Spelling(const std::string& name) const;
 
  private:
   std::map<std::string, std::string> values_;
+  std::set<std::string> one_dash_;
 };
 
 }  // namespace kvmesh::coordinator

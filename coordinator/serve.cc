@@ -19,8 +19,12 @@ int Serve(int argc, char** argv) {
   std::set<std::string> valued = LaunchFlagNames();
   valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
                  "served-model-name", "config", "rpc-port"});
-  auto f = Flags::Parse(argc, argv, 2, valued, {"print-plan", "no-prefix-reuse", "no-rpc"});
+  auto f = Flags::Parse(argc, argv, 2, valued,
+                        {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc"});
   if (!f.ok()) return Fail(f.status());
+  if (f->Has("prefix-reuse") && f->Has("no-prefix-reuse")) {
+    return Fail(absl::InvalidArgumentError("give --prefix-reuse or --no-prefix-reuse, not both"));
+  }
   if (f->Has("config")) {
     auto cfg = LoadServeConfig(f->String("config", ""));
     if (!cfg.ok()) return Fail(cfg.status());
@@ -29,6 +33,8 @@ int Serve(int argc, char** argv) {
       cfg->erase("api-key");
       cfg->erase("api-key-file");
     }
+    // --prefix-reuse turns reuse back on over the file's enable_prefix_caching: false.
+    if (f->Has("prefix-reuse")) cfg->erase("no-prefix-reuse");
     f->AddDefaults(*cfg);
   }
   server::HttpOptions ho;

@@ -1,5 +1,6 @@
 #include "coordinator/serve_config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
@@ -90,6 +91,9 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
         out[key.flag] = v.as<std::string>();
       }
     }
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's message for it is "bad file"
+    return absl::InvalidArgumentError(
+        StrCat("--config '", path, "': line ", e.mark.line + 1, ": nested too deeply"));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         StrCat("--config '", path, "': line ", e.mark.line + 1, ": ", e.msg));

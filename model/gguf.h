@@ -122,6 +122,12 @@ class GgufFile {
   std::unordered_map<std::string, size_t> tensor_index_;
 };
 
+// A key a model cannot load without: a getter's NotFound becomes InvalidArgument (the file is
+// malformed; NotFound is kept for a model file that does not exist).
+inline absl::Status Required(const absl::Status& s) {
+  return absl::IsNotFound(s) ? absl::InvalidArgumentError(s.message()) : s;
+}
+
 // The ggml name of a tensor type id ("Q5_0", ...), or "type N" when unknown.
 std::string GgmlTypeName(uint32_t type_id);
 

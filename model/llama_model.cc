@@ -9,7 +9,7 @@ namespace {
 
 absl::StatusOr<int64_t> PositiveKey(const GgufFile& f, const std::string& key, int64_t max) {
   auto v = f.GetUint(key);
-  if (!v.ok()) return v.status();
+  if (!v.ok()) return Required(v.status());
   if (*v == 0 || *v > static_cast<uint64_t>(max)) {
     return absl::InvalidArgumentError(StrCat("gguf: key '", key, "' = ", *v, " is out of range"));
   }
@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(std::unique_ptr<GgufFile> f) {
   auto arch = f->GetString("general.architecture");
-  if (!arch.ok()) return arch.status();
+  if (!arch.ok()) return Required(arch.status());
   if (*arch != "llama") {
     return absl::InvalidArgumentError(
         StrCat("model: unsupported architecture '", *arch, "' (supported: llama)"));

@@ -153,7 +153,7 @@ void Gpt2Split(const std::vector<Cp>& c, size_t b, size_t e, std::vector<size_t>
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
   auto model = f.GetString("tokenizer.ggml.model");
-  if (!model.ok()) return model.status();
+  if (!model.ok()) return Required(model.status());
   if (*model != "gpt2") {
     return absl::InvalidArgumentError(StrCat("tokenizer.ggml.model '", *model,
                                              "' is not supported (only byte-level BPE 'gpt2')"));
@@ -171,9 +171,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
         StrCat("tokenizer.ggml.pre '", pre_name, "' is not supported (smollm, gpt-2)"));
   }
   auto tokens = f.GetStringArray("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return tokens.status();
-  if (tokens->empty() || tokens->size() > (1u << 24)) {
-    return absl::InvalidArgumentError("tokenizer.ggml.tokens: vocabulary size out of range");
+  if (!tokens.ok()) return Required(tokens.status());
+  // At most 2M entries (the largest vocabularies in use hold ~256K): each costs ~150 bytes of
+  // tables here against 8 in the file, so a crafted file could otherwise ask for gigabytes.
+  constexpr size_t kMaxVocab = size_t{1} << 21;
+  if (tokens->empty() || tokens->size() > kMaxVocab) {
+    return absl::InvalidArgumentError(StrCat("tokenizer.ggml.tokens: vocabulary size ",
+                                             tokens->size(), " is out of range [1, ", kMaxVocab,
+                                             "]"));
   }
   const size_t n = tokens->size();
   t->tokens_.reserve(n);
@@ -192,7 +197,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     for (size_t i = 0; i < n; ++i) t->types_[i] = static_cast<TokenType>((*types)[i]);
   }
   auto merges = f.GetStringArray("tokenizer.ggml.merges");
-  if (!merges.ok()) return merges.status();
+  if (!merges.ok()) return Required(merges.status());
   t->merge_rank_.reserve(merges->size());
   for (size_t i = 0; i < merges->size(); ++i) {
     const std::string_view m = (*merges)[i];

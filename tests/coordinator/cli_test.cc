@@ -123,7 +123,18 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "--activation-bits must be 8 or 16, not 12");
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");
+  ExpectOneLineError(
+      {"serve", "--config", WriteTemp("c8.yaml", "port: " + std::string(2000, '[') + "\n")},
+      "nested too deeply");
   ExpectOneLineError({"serve", "--port", "70000"}, "--port");
+  ExpectOneLineError({"serve", "--prefix-reuse", "--no-prefix-reuse"},
+                     "give --prefix-reuse or --no-prefix-reuse, not both");
+  // kvmesh bench takes llama-bench's one-dash flags and names them that way.
+  ExpectOneLineError({"bench", "-p", "x"}, "-p must be a comma-separated list of integers");
+  ExpectOneLineError({"bench", "-r", "0"}, "-r must be an integer in [1, 1000], got '0'");
+  ExpectOneLineError({"bench", "-n"}, "flag -n needs a value");
+  ExpectOneLineError({"bench", "--t", "0"}, "-t must be a comma-separated list");
+  EXPECT_EQ(Kvmesh({"bench", "-r", "0"}).err.find("--r"), std::string::npos);
   ExpectOneLineError({"serve", "--config", ::testing::TempDir()}, "is a directory, not a file");
   // An empty key would turn authentication off.
   ExpectOneLineError({"serve", "--api-key", ""}, "--api-key is empty");
@@ -170,9 +181,13 @@ TEST(Cli, BadModelFiles) {
                      "'llama.attention.layer_norm_rms_epsilon' = nan must be a finite number > 0");
   testing::GgufBuilder missing;
   missing.Str("general.architecture", "llama").U32("llama.block_count", 1);
-  ExpectOneLineError(
-      {"run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"},
-      "missing key 'llama.embedding_length'");
+  const std::vector<std::string> missing_args = {
+      "run", "--model", WriteTemp("missing.gguf", missing.Build()), "--prompt", "x"};
+  ExpectOneLineError(missing_args, "missing key 'llama.embedding_length'");
+  // A malformed file, as a wrong type is: exit 2, not 1 (not found), and no hint to pull a model.
+  const Result m = Kvmesh(missing_args);
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_EQ(m.err.find("model pull"), std::string::npos) << m.err;
 }
 
 // A later request of a batch rejected at submit: one line and a clean exit, not a crash in the
@@ -187,6 +202,11 @@ TEST(Cli, BatchWithARejectedLaterRequestFailsCleanly) {
   EXPECT_TRUE(r.code == 1 || r.code == 2) << "exit " << r.code << ", stderr: " << r.err;
   EXPECT_NE(r.err.find("request 2: "), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // A text file whose first prompt begins with '[' is read as lines, not refused as JSON.
+  const Result br = Kvmesh({"run", "--model", model, "--max-tokens", "1", "--prompts",
+                            WriteTemp("brackets.txt", "[a] first\n[b] second\n")});
+  EXPECT_EQ(br.code, 0) << br.err;
+  EXPECT_EQ(std::count(br.out.begin(), br.out.end(), '\n'), 2) << br.out;
   // More prompts than the waiting queue holds run in waves instead of failing.
   const Result w = Kvmesh({"run", "--model", model, "--max-tokens", "1", "--max-waiting", "1",
                            "--prompts", WriteTemp("three.txt", "a\nb\nc\n")});

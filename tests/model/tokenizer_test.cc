@@ -126,5 +126,36 @@ TEST(Tokenizer, RejectsOutOfRangeSpecialIds) {
   EXPECT_NE(std::string(t.status().message()).find("eos_token_id"), std::string::npos);
 }
 
+// A vocabulary past 2M entries is refused before its tables are built (a 17 MB file of empty
+// tokens would otherwise take ~300 MB; at the old 16M bound, gigabytes).
+TEST(Tokenizer, RejectsAnOversizedVocabulary) {
+  testing::GgufBuilder b;
+  b.Str("tokenizer.ggml.model", "gpt2")
+      .StrArray("tokenizer.ggml.tokens", std::vector<std::string>((size_t{1} << 21) + 1))
+      .StrArray("tokenizer.ggml.merges", {"a b"});
+  const std::string bytes = b.Build();
+  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  ASSERT_TRUE(f.ok());
+  auto t = Tokenizer::FromGguf(**f);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(t.status().message()).find("vocabulary size 2097153 is out of range"),
+            std::string::npos)
+      << t.status();
+}
+
+// A missing required key is a malformed file (InvalidArgument), not a missing one (NotFound).
+TEST(Tokenizer, AMissingRequiredKeyIsInvalidArgument) {
+  testing::GgufBuilder b;
+  b.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a"});
+  const std::string bytes = b.Build();
+  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  ASSERT_TRUE(f.ok());
+  auto t = Tokenizer::FromGguf(**f);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.merges"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvmesh::model

@@ -225,6 +225,11 @@ stop
 printf 'max_num_seqs: 1\nmax_waiting: 1\nenable_prefix_caching: false\nport: 1\nthreads: 1\n' >"$work/config.yaml"
 start "$bin" serve --config "$work/config.yaml"
 python3 "$here/serve_test.py" "$url" overload || fail "overload"
+python3 "$here/serve_test.py" "$url" reuse off || fail "enable_prefix_caching: false"
+stop
+# --prefix-reuse turns reuse back on over the file's enable_prefix_caching: false.
+start "$bin" serve --config "$work/config.yaml" --prefix-reuse
+python3 "$here/serve_test.py" "$url" reuse on || fail "--prefix-reuse over the config"
 stop
 
 if command -v mpirun >/dev/null; then
