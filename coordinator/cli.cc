@@ -56,7 +56,7 @@ constexpr char kUsage[] =
     "            (over the config's enable_prefix_caching: false) + run's model and serving flags\n"
     "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
     "            /health /metrics (under mpirun for --tp/--pp); cluster RPC on --rpc-port\n"
-    "            (8001; --no-rpc to disable)\n"
+    "            (8001; --no-rpc to disable; --rpc-frame-timeout 60: seconds a frame may take)\n"
     "  client    health|tokenize|generate|chat|session|status|stats [--host H] [--port 8001]\n"
     "            [--api-key K] (--text T | --prompt T | --message T [--system S] |\n"
     "            --id ID --turns FILE) [--max-tokens N] [--temperature T]  the cluster RPC API\n"

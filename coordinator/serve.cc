@@ -18,7 +18,7 @@ namespace kvmesh::coordinator {
 int Serve(int argc, char** argv) {
   std::set<std::string> valued = LaunchFlagNames();
   valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
-                 "served-model-name", "config", "rpc-port"});
+                 "served-model-name", "config", "rpc-port", "rpc-frame-timeout"});
   auto f = Flags::Parse(argc, argv, 2, valued,
                         {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc"});
   if (!f.ok()) return Fail(f.status());
@@ -44,6 +44,8 @@ int Serve(int argc, char** argv) {
   ho.port = static_cast<uint16_t>(*port);
   auto rpc_port = f->Int("rpc-port", 8001, 0, 65535);
   if (!rpc_port.ok()) return Fail(rpc_port.status());
+  auto frame_timeout = f->Int("rpc-frame-timeout", 60, 1, 3600);
+  if (!frame_timeout.ok()) return Fail(frame_timeout.status());
   auto body = f->Int("max-body-bytes", 2 << 20, 1024, int64_t{1} << 30);
   if (!body.ok()) return Fail(body.status());
   ho.max_body_bytes = static_cast<size_t>(*body);
@@ -79,6 +81,7 @@ int Serve(int argc, char** argv) {
       ro.host = ho.host;
       ro.port = static_cast<uint16_t>(*rpc_port);
       ro.api_key = ho.api_key;
+      ro.frame_timeout = std::chrono::seconds(*frame_timeout);
       ro.world = launch.world;
       ro.tp = launch.tp;
       ro.pp = launch.pp;

@@ -32,7 +32,6 @@ constexpr size_t kMaxSessions = 1024;
 constexpr size_t kMaxFrameBytesBeforeAuth = 64 << 10;
 // A frame begun and not finished within this is a stalled client: the connection closes (as the
 // HTTP server's read timeout), so partial frames cannot pin memory forever.
-constexpr auto kFrameDeadline = std::chrono::seconds(60);
 
 struct RpcServer::Impl {
   RpcOptions opts;
@@ -91,14 +90,15 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   // completed since it was armed (while reading is paused for back-pressure, it waits again).
   void ArmFrameDeadline() {
     deadline_armed = true;
-    frame_deadline.expires_after(kFrameDeadline);
+    frame_deadline.expires_after(srv.opts.frame_timeout);
     frame_deadline.async_wait(
         [self = shared_from_this(), seen = frames_in](boost::system::error_code ec) {
           self->deadline_armed = false;
           if (ec || self->closed || self->decoder.buffered() == 0) return;
           if (self->read_paused || self->frames_in != seen) return self->ArmFrameDeadline();
-          self->Fail(0, absl::DeadlineExceededError(StrCat("a frame was not completed within ",
-                                                           kFrameDeadline.count(), " s")));
+          self->Fail(
+              0, absl::DeadlineExceededError(StrCat("a frame was not completed within ",
+                                                    self->srv.opts.frame_timeout.count(), " s")));
           // The error goes out after the replies queued before it; a client that reads none of
           // them would keep the connection (and its partial frame): closed after 5 s regardless.
           if (self->closed) return;

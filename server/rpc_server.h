@@ -7,6 +7,7 @@
 // Runs on its own io thread, feeding the same EngineLoop as the HTTP server.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,9 @@ struct RpcOptions {
   std::string api_key;
   size_t max_frame_bytes = 4 << 20;
   int max_in_flight = 64;
+  // A frame begun and not completed within this (no other frame completing meanwhile) fails
+  // its connection: a slow or stalled client cannot hold a partial frame's buffer forever.
+  std::chrono::seconds frame_timeout{60};
   // The layout for ClusterStatus.
   int world = 1, tp = 1, pp = 1, dp = 1;
   std::string model_name = "smollm2-135m-instruct";

@@ -208,7 +208,7 @@ wait "$client"
 [[ "$(cat "$work/inflight")" == 160 ]] || fail "in-flight request across SIGTERM: $(cat "$work/inflight")"
 echo "serve shutdown: SIGTERM drained the in-flight request and exited 0"
 
-start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096
+start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096 --rpc-frame-timeout 2
 python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 "$bin" client health --port "$rpc" >/dev/null 2>"$work/err" && fail "rpc without a key succeeded"
 grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
@@ -216,6 +216,24 @@ grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $
 [[ "$("$bin" client health --port "$rpc" --api-key s3cret)" == '{"status":"ok"}' ]] || fail "rpc with the key"
 # 1 MiB announced by a client that has not authenticated.
 rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
+# A frame begun and never finished (--rpc-frame-timeout 2): an Error frame, then the connection
+# closes, 2 s after the last progress; before, a stalled client held its buffer forever.
+python3 - "$rpc" <<'PY' || fail "rpc frame deadline"
+import socket, struct, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+t = time.time()
+s.sendall(struct.pack("<I", 100) + b"\x08\x01")
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+took = time.time() - t
+assert b"a frame was not completed within 2 s" in data, data
+assert 1.5 < took < 10, took
+print(f"serve rpc: a stalled frame fails its connection after {took:.1f} s")
+PY
 echo "serve rpc auth: the first frame must carry the key; frames before it are small"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
