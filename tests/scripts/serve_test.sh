@@ -90,22 +90,28 @@ print("serve rpc: session cached tokens per turn", cached)
 PY
 rpcc status | python3 -c "import json,sys; s=json.load(sys.stdin); assert s['world']==1 and s['ranks'][0]['kvBlocks']>0, s" || fail "rpc status"
 rpcc stats | python3 -c "import json,sys; s=json.load(sys.stdin); assert int(s['prefixHitTokens'])>0, s" || fail "rpc stats"
-# Announces a frame of $1 bytes on the RPC port: it must get an Error frame ("exceeds the
-# limit"), then the server closes the connection.
-rpc_frame_refused() {
-  python3 - "$rpc" "$1" <<'PY'
-import socket, struct, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(struct.pack("<I", int(sys.argv[2])))
+# Sends a frame that announces $1 bytes and holds the hex bytes $2 (its start, or nothing) on the
+# RPC port, reads until the server closes the connection, and checks that the reply holds $3 and
+# came after $4 to $5 seconds.
+rpc_partial_frame() {
+  python3 - "$rpc" "$@" <<'PY'
+import socket, struct, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+t = time.time()
+s.sendall(struct.pack("<I", int(sys.argv[2])) + bytes.fromhex(sys.argv[3]))
 data = b""
 while True:
     chunk = s.recv(4096)
     if not chunk:
         break
     data += chunk
-assert b"exceeds the limit" in data, data
+took = time.time() - t
+assert sys.argv[4].encode() in data, data
+assert float(sys.argv[5]) <= took <= float(sys.argv[6]), took
 PY
 }
+# An announced frame over the limit: an Error frame ("exceeds the limit") at once, then close.
+rpc_frame_refused() { rpc_partial_frame "$1" "" "exceeds the limit" 0 5; }
 rpc_frame_refused $((0xFFFFFFF0)) || fail "rpc malformed frame"  # over the 4 MiB frame limit
 echo "serve rpc: oversized frame refused with an Error frame, connection closed"
 [[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
@@ -218,22 +224,8 @@ grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $
 rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
 # A frame begun and never finished (--rpc-frame-timeout 2): an Error frame, then the connection
 # closes, 2 s after the last progress; before, a stalled client held its buffer forever.
-python3 - "$rpc" <<'PY' || fail "rpc frame deadline"
-import socket, struct, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
-t = time.time()
-s.sendall(struct.pack("<I", 100) + b"\x08\x01")
-data = b""
-while True:
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    data += chunk
-took = time.time() - t
-assert b"a frame was not completed within 2 s" in data, data
-assert 1.5 < took < 10, took
-print(f"serve rpc: a stalled frame fails its connection after {took:.1f} s")
-PY
+rpc_partial_frame 100 0801 "a frame was not completed within 2 s" 1.5 10 || fail "rpc frame deadline"
+echo "serve rpc: a frame stalled for 2 s fails its connection"
 echo "serve rpc auth: the first frame must carry the key; frames before it are small"
 python3 "$here/serve_test.py" "$url" limits || fail "limits"
 stop
