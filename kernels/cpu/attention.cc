@@ -133,20 +133,30 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
                  const Between& between) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
-  float chunk_max[kMaxGroup];
+  float chunk_max[kMaxGroup], sums[kMaxGroup];
   if (kv.kt != nullptr) {
     p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max);
   } else {
     p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk, chunk_max);
   }
+  for (int64_t g = 0; g < group; ++g) chunk_max[g] = std::max(rec[g * stride], chunk_max[g]);
+  // All heads' exps in one call where the table has it (AVX-512: 16 sequences over 1K shared
+  // keys 1-2% less time per layer, alternating inside one process, 17th session, Zen 5).
+  if (p.exp_shifted_sums != nullptr) {
+    p.exp_shifted_sums(scores, kKeyChunk, group, chunk_max, n, sums);
+  } else {
+    for (int64_t g = 0; g < group; ++g) {
+      float* sc = scores + g * kKeyChunk;
+      sums[g] = p.exp_shifted_sum(sc, chunk_max[g], sc, n);
+    }
+  }
   for (int64_t g = 0; g < group; ++g) {
     float* r = rec + g * stride;
-    float* sc = scores + g * kKeyChunk;
-    const float cmax = std::max(r[0], chunk_max[g]);
+    const float cmax = chunk_max[g];
     // Rescale what was accumulated under the old max, once per chunk (exp(0) is exactly 1).
     const float rescale = cmax == r[0] ? 1.0f : std::exp(r[0] - cmax);
     r[0] = cmax;
-    r[1] = r[1] * rescale + p.exp_shifted_sum(sc, cmax, sc, n);
+    r[1] = r[1] * rescale + sums[g];
     if (rescale != 1.0f) {
       for (int64_t i = 0; i < d; ++i) r[2 + i] *= rescale;
     }

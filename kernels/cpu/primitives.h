@@ -47,6 +47,11 @@ struct Primitives {
   void (*exp_shifted)(const float* x, float shift, float* y, int64_t n) = nullptr;
   // The same, returning the sum of the y[i] (added in an order fixed per ISA).
   float (*exp_shifted_sum)(const float* x, float shift, float* y, int64_t n) = nullptr;
+  // exp_shifted_sum in place over G rows of n (row g at x + g * xs, shifted by shift[g], its sum
+  // to sums[g]), each row the same bits as exp_shifted_sum alone; a kernel interleaves the rows
+  // (independent chains). Optional (null: callers loop over exp_shifted_sum).
+  void (*exp_shifted_sums)(float* x, int64_t xs, int64_t G, const float* shift, int64_t n,
+                           float* sums) = nullptr;
   // out[i] = silu(gate[i]) * up[i].
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   // Attention over a chunk of n keys for the G query heads sharing one KV head (head dim d).

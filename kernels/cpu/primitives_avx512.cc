@@ -483,6 +483,50 @@ KVMESH_AVX512 float ExpShiftedSum(const float* x, float shift, float* y, int64_t
   return _mm512_reduce_add_ps(acc);
 }
 
+// ExpShiftedSum over GN rows at once: the rows' vectors are independent, so their exps overlap
+// instead of each row's few vectors waiting on the polynomial's latency (a head's 64 scores are
+// only 4 vectors). Each row's operations are ExpShiftedSum's, in its order.
+template <int GN>
+KVMESH_AVX512 void ExpShiftedSumsG(float* x, int64_t xs, const float* shift, int64_t n,
+                                   float* sums) {
+  __m512 acc[GN], s[GN];
+  for (int g = 0; g < GN; ++g) {
+    acc[g] = _mm512_setzero_ps();
+    s[g] = _mm512_set1_ps(shift[g]);
+  }
+  for (int64_t i = 0; i < n; i += 16) {
+    const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    for (int g = 0; g < GN; ++g) {
+      float* row = x + g * xs + i;
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), s[g]));
+      _mm512_mask_storeu_ps(row, m, e);
+      acc[g] = _mm512_mask_add_ps(acc[g], m, acc[g], e);
+    }
+  }
+  for (int g = 0; g < GN; ++g) sums[g] = _mm512_reduce_add_ps(acc[g]);
+}
+
+KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* shift, int64_t n,
+                                  float* sums) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    float* r = x + g0 * xs;
+    switch (std::min<int64_t>(4, G - g0)) {
+      case 1:
+        ExpShiftedSumsG<1>(r, xs, shift + g0, n, sums + g0);
+        break;
+      case 2:
+        ExpShiftedSumsG<2>(r, xs, shift + g0, n, sums + g0);
+        break;
+      case 3:
+        ExpShiftedSumsG<3>(r, xs, shift + g0, n, sums + g0);
+        break;
+      default:
+        ExpShiftedSumsG<4>(r, xs, shift + g0, n, sums + g0);
+        break;
+    }
+  }
+}
+
 // G is a compile-time count so the 4 x G accumulators stay in registers.
 template <int G, typename Rows>
 KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
@@ -565,6 +609,7 @@ const Primitives& Avx512Primitives() {
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;
     d.exp_shifted_sum = ExpShiftedSum;
+    d.exp_shifted_sums = ExpShiftedSums;
     d.pv = Pv;
     d.pv_f16 = PvF16;
     d.f16_to_f32 = F16ToF32;

@@ -585,6 +585,26 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
       want_sum += y[i];
     }
     ASSERT_NEAR(sum, want_sum, 1e-6 * want_sum);
+    // Several rows at once (where the table has it): each row's bits are exp_shifted_sum's.
+    for (const int64_t m : {n, n / 2 + 1}) {
+      if (p.exp_shifted_sums == nullptr) break;
+      for (int64_t rows = 1; rows <= 5; ++rows) {
+        const int64_t xs = m + 3;
+        std::vector<float> xr(rows * xs), sums(rows), shift(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          shift[r] = 0.5f * static_cast<float>(r) - 1.0f;
+          for (int64_t i = 0; i < m; ++i) xr[r * xs + i] = x[(i + 7 * r) % n];
+        }
+        std::vector<float> want(xr);
+        p.exp_shifted_sums(xr.data(), xs, rows, shift.data(), m, sums.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const float s1 =
+              p.exp_shifted_sum(want.data() + r * xs, shift[r], want.data() + r * xs, m);
+          ASSERT_EQ(sums[r], s1) << rows << " rows, row " << r << ", m " << m;
+        }
+        ASSERT_TRUE(xr == want) << rows << " rows, m " << m;
+      }
+    }
     p.silu_mul(g.data(), u.data(), s.data(), n);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_NEAR(s[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
