@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/quant.h"
 
@@ -107,23 +108,25 @@ void PackedTileA8Reference(DType type, const uint8_t* group, int64_t nb, const B
                            int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                            const uint8_t* next_group = nullptr);
 
-// A PackedTile entry from one kernel per packed type (the reference for any other type).
-using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,
-                                int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
-                                const uint8_t* next_group);
-template <PackedTypeTile Q4_0, PackedTypeTile Q4_1, PackedTypeTile Q8_0>
-void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+// A PackedTile (Block = BlockA16) or PackedTileA8 (BlockA8) entry from one kernel per packed
+// type; a null kernel, or any other type, runs the reference.
+template <typename Block>
+using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const Block* a, int64_t a_stride,
+                                int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
+template <typename Block, PackedTypeTile<Block> Q4_0, PackedTypeTile<Block> Q4_1,
+          PackedTypeTile<Block> Q8_0 = nullptr>
+void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block* a,
                        int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                        const uint8_t* next_group) {
-  switch (type) {
-    case DType::kQ4_0:
-      return Q4_0(group, nb, a, a_stride, tokens, out, ldo, next_group);
-    case DType::kQ4_1:
-      return Q4_1(group, nb, a, a_stride, tokens, out, ldo, next_group);
-    case DType::kQ8_0:
-      return Q8_0(group, nb, a, a_stride, tokens, out, ldo, next_group);
-    default:
-      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
+  const PackedTypeTile<Block> k = type == DType::kQ4_0   ? Q4_0
+                                  : type == DType::kQ4_1 ? Q4_1
+                                  : type == DType::kQ8_0 ? Q8_0
+                                                         : nullptr;
+  if (k != nullptr) return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
+  if constexpr (std::is_same_v<Block, BlockA8>) {
+    PackedTileA8Reference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
+  } else {
+    PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   }
 }
 

@@ -939,19 +939,6 @@ KVMESH_AVX2 void PackedA8TileOf(const uint8_t* group, int64_t nb, const BlockA8*
   }
 }
 
-KVMESH_AVX2 void PackedA8Tile(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
-                              int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
-                              const uint8_t* next_group) {
-  switch (type) {
-    case DType::kQ4_0:
-      return PackedA8TileOf<DType::kQ4_0>(group, nb, a, a_stride, tokens, out, ldo, next_group);
-    case DType::kQ4_1:
-      return PackedA8TileOf<DType::kQ4_1>(group, nb, a, a_stride, tokens, out, ldo, next_group);
-    default:
-      return PackedTileA8Reference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
-  }
-}
-
 template <DType T>
 KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride,
                               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
@@ -980,9 +967,10 @@ const Primitives& Avx2Primitives() {
       .q4_k_a16 = DotQ4_KA16,
       .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
-      .packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                                       PackedTileOf<DType::kQ8_0>>,
-      .packed_tile_a8 = PackedA8Tile,
+      .packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
+                                       PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>>,
+      .packed_tile_a8 =
+          PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,
       .quantize_a8 = QuantizeTo<BlockA8, 127>,
       .exp_shifted = ExpShifted,

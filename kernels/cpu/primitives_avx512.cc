@@ -188,6 +188,14 @@ KVMESH_AVX512 inline __m512i Broadcast32(const int16_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Asks for bytes [at, at + n) of the next group (null: none), a line at a time.
+KVMESH_AVX512 inline void AskAhead(const uint8_t* ahead, int64_t at, int64_t n) {
+  if (ahead == nullptr) return;
+  for (int64_t l = 0; l < n; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + at + l), _MM_HINT_T0);
+  }
+}
+
 template <DType T, int N>
 KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16* a,
                                 int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
@@ -200,11 +208,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kGroupBlock;
     const uint8_t* q = blk + kScales;
-    if (ahead != nullptr) {
-      for (int64_t l = 0; l < kGroupBlock; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
-      }
-    }
+    AskAhead(ahead, b * kGroupBlock, kGroupBlock);
     const BlockA16* ab[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
     __m512i s[N][P];
@@ -258,33 +262,112 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
   }
 }
 
+// A packed kernel of N tokens (N = 1..8) over one group.
+template <typename Block>
+using PackedTokensFn = void (*)(const uint8_t* group, int64_t nb, const Block* a, int64_t a_stride,
+                                float* out, int64_t ldo, const uint8_t* ahead);
+
+// Tokens in passes of 8 (k[0]) and a tail of 1-7 (k[n]); the first pass over the group asks for
+// the next group's bytes, block by block (the weights stream from memory; at 16 tokens the
+// hardware prefetcher alone leaves the kernel waiting: BM_MatMulQ4_1/1536/576/16/2/1/128
+// against /1).
+template <typename Block>
+KVMESH_AVX512 void InPassesOf8(const PackedTokensFn<Block> (&k)[8], const uint8_t* group,
+                               int64_t nb, const Block* a, int64_t a_stride, int64_t tokens,
+                               float* out, int64_t ldo, const uint8_t* next_group) {
+  int64_t t = 0;
+  for (; t + 8 <= tokens; t += 8) {
+    k[0](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo, t == 0 ? next_group : nullptr);
+  }
+  if (t < tokens) {
+    k[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
+                  t == 0 ? next_group : nullptr);
+  }
+}
+
 template <DType T>
 KVMESH_AVX512 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* a,
                                 int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                                 const uint8_t* next_group) {
-  constexpr int kChunk = 8;
-  // The first pass over the group asks for the next group's bytes, block by block (the weights
-  // stream from memory; at 16 tokens the hardware prefetcher alone leaves the kernel waiting:
-  // BM_MatMulQ4_1/1536/576/16/2/1/128 against /1).
-  int64_t t = 0;
-  for (; t + kChunk <= tokens; t += kChunk) {
-    PackedTokens<T, kChunk>(group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                            t == 0 ? next_group : nullptr);
+  static constexpr PackedTokensFn<BlockA16> k[8] = {
+      PackedTokens<T, 8>, PackedTokens<T, 1>, PackedTokens<T, 2>, PackedTokens<T, 3>,
+      PackedTokens<T, 4>, PackedTokens<T, 5>, PackedTokens<T, 6>, PackedTokens<T, 7>};
+  InPassesOf8(k, group, nb, a, a_stride, tokens, out, ldo, next_group);
+}
+
+// Q4_0 / Q4_1 groups packed for 8-bit activations (kernels/packed.h): a chunk's 32 bytes hold 4
+// elements of rows 0-7 in their low nibbles and of rows 8-15 in their high ones, so the low
+// nibbles in the lower half of a register and the high ones in the upper make dword lane r row
+// r's 4 elements: one VPDPBUSD against the token's broadcast activation quad adds row r's 4
+// products to lane r (u8 weights x s8 activations into int32, exact). 8 per token and block
+// where the 16-bit kernel issues 16 VPDPWSSD. Each token's block sum builds up in P chains
+// (the multiply-add latency), the fp32 steps are PackedTileA8Reference's lane for lane (same
+// bits), and the Q4_1 minimums are a second pass over the scales, in block order.
+template <DType T, int N>
+KVMESH_AVX512 void PackedA8Tokens(const uint8_t* group, int64_t nb, const BlockA8* a,
+                                  int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
+  constexpr bool kMin = T == DType::kQ4_1;
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int P = N >= 4 ? 2 : 4;
+  const __m256i mask = _mm256_set1_epi8(15);
+  __m512 acc[N];
+  for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kGroupBlock;
+    const uint8_t* q = blk + kScales;
+    AskAhead(ahead, b * kGroupBlock, kGroupBlock);
+    const BlockA8* ab[N];
+    for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
+    __m512i s[N][P];
+    for (int t = 0; t < N; ++t) {
+      for (int c = 0; c < P; ++c) s[t][c] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p));
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, mask)),
+                                           _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), 1);
+      for (int t = 0; t < N; ++t) {
+        int32_t quad;
+        std::memcpy(&quad, ab[t]->qs + 4 * p, 4);
+        s[t][p % P] = _mm512_dpbusd_epi32(s[t][p % P], w, _mm512_set1_epi32(quad));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int t = 0; t < N; ++t) {
+      __m512i st = s[t][0];
+      for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s[t][c]);
+      if constexpr (T == DType::kQ4_0) {
+        st = _mm512_sub_epi32(st, _mm512_slli_epi32(_mm512_set1_epi32(ab[t]->sum), 3));
+      }
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(st), _mm512_set1_ps(ab[t]->d)), dw,
+                               acc[t]);
+    }
   }
-  using Tail =
-      void (*)(const uint8_t*, int64_t, const BlockA16*, int64_t, float*, int64_t, const uint8_t*);
-  static constexpr Tail kTail[kChunk] = {nullptr,
-                                         PackedTokens<T, 1>,
-                                         PackedTokens<T, 2>,
-                                         PackedTokens<T, 3>,
-                                         PackedTokens<T, 4>,
-                                         PackedTokens<T, 5>,
-                                         PackedTokens<T, 6>,
-                                         PackedTokens<T, 7>};
-  if (t < tokens) {
-    kTail[tokens - t](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
-                      t == 0 ? next_group : nullptr);
+  if constexpr (kMin) {
+    __m512 mins[N];
+    for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512 m = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * kGroupBlock + 32)));
+      for (int t = 0; t < N; ++t) {
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
+      }
+    }
+    for (int t = 0; t < N; ++t) acc[t] = _mm512_add_ps(acc[t], mins[t]);
   }
+  for (int t = 0; t < N; ++t) _mm512_storeu_ps(out + t * ldo, acc[t]);
+}
+
+template <DType T>
+KVMESH_AVX512 void PackedA8TileOf(const uint8_t* group, int64_t nb, const BlockA8* a,
+                                  int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                  const uint8_t* next_group) {
+  static constexpr PackedTokensFn<BlockA8> k[8] = {
+      PackedA8Tokens<T, 8>, PackedA8Tokens<T, 1>, PackedA8Tokens<T, 2>, PackedA8Tokens<T, 3>,
+      PackedA8Tokens<T, 4>, PackedA8Tokens<T, 5>, PackedA8Tokens<T, 6>, PackedA8Tokens<T, 7>};
+  InPassesOf8(k, group, nb, a, a_stride, tokens, out, ldo, next_group);
 }
 
 // Attention for head_dim 64 over fp32-staged K/V rows (four 16-float registers per row); pv
@@ -603,8 +686,10 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile = PackedTileOfTypes<PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                                      PackedTileOf<DType::kQ8_0>>;
+    d.packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
+                                      PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>>;
+    d.packed_tile_a8 =
+        PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>;
     d.qk_t = QkT;
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;
