@@ -75,8 +75,8 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
 
 int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 
-// A multi-turn script or a batch of prompts: a JSON array of strings (a *.json file, or any file
-// that parses as JSON), or one per non-empty line.
+// A multi-turn script or a batch of prompts: a JSON array of strings (a *.json file, or a file
+// that begins as one), or one per non-empty line.
 absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
                                                    const std::string& path) {
   // At most 64 MiB (a pipe or /dev/stdin is fine; /dev/zero or a huge file is refused, not read
@@ -98,15 +98,17 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& what,
     }
   }
   std::vector<std::string> turns;
-  // JSON when the file is named *.json, or when the whole text parses as JSON; otherwise lines
-  // (so a text file whose first turn begins with '[' is not refused as broken JSON).
+  // JSON when the file is named *.json or begins as an array of strings does ('[' then '"' or
+  // ']'), so a broken one is an error; otherwise lines (a first turn "[INST] ..." or "[1, 2]").
   const bool named_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   const size_t first = text.find_first_not_of(" \t\r\n");
-  json j;
-  if (named_json || (first != std::string::npos && text[first] == '[')) {
-    j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  }
-  if (named_json || (!j.is_discarded() && !j.is_null())) {
+  const size_t second =
+      first == std::string::npos ? first : text.find_first_not_of(" \t\r\n", first + 1);
+  const bool looks_json = first != std::string::npos && text[first] == '[' &&
+                          second != std::string::npos &&
+                          (text[second] == '"' || text[second] == ']');
+  if (named_json || looks_json) {
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_array()) {
       return absl::InvalidArgumentError(
           StrCat(what, " file '", path, "': not a JSON array of strings"));

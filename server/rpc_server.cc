@@ -30,8 +30,6 @@ constexpr size_t kMaxSessions = 1024;
 // Before authentication only small frames (an Auth frame is tens of bytes): a client without the
 // key cannot make the server hold megabytes.
 constexpr size_t kMaxFrameBytesBeforeAuth = 64 << 10;
-// A frame begun and not finished within this is a stalled client: the connection closes (as the
-// HTTP server's read timeout), so partial frames cannot pin memory forever.
 
 struct RpcServer::Impl {
   RpcOptions opts;

@@ -25,7 +25,8 @@ struct RpcOptions {
   size_t max_frame_bytes = 4 << 20;
   int max_in_flight = 64;
   // A frame begun and not completed within this (no other frame completing meanwhile) fails
-  // its connection: a slow or stalled client cannot hold a partial frame's buffer forever.
+  // its connection (as the HTTP server's read timeout): a slow or stalled client cannot hold a
+  // partial frame's buffer forever.
   std::chrono::seconds frame_timeout{60};
   // The layout for ClusterStatus.
   int world = 1, tp = 1, pp = 1, dp = 1;

@@ -105,6 +105,10 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--session", WriteTemp("broken.json", "[\"unterminated")},
                      "not a JSON array of strings");
   ExpectOneLineError({"run", "--session", WriteTemp("empty.txt", "\n  \n")}, "is empty");
+  // Begun as an array of strings: JSON whatever the name, so a broken one is an error (not
+  // each of its lines run as a turn).
+  ExpectOneLineError({"run", "--session", WriteTemp("broken.txt", "[\"a\",\n\"b\",,]\n")},
+                     "not a JSON array of strings");
   ExpectOneLineError({"run", "--prompts", "/nonexistent/p.txt"},
                      "cannot open prompts file '/nonexistent/p.txt'");
   ExpectOneLineError({"run", "--prompts", WriteTemp("p.txt", "hi\n"), "--test-preempt", "2"},

@@ -170,12 +170,20 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ8_0, 35, 160, 17},
       {DType::kQ4_1, 64, 1536, 8},
       {DType::kQ8_0, 16, 32, 3},
-      // Every tail after the 4-token passes (1, 2 and 3 tokens) for every type.
+      // Every tail after the 4-token (AVX2) and 8-token (AVX-512) passes for every type.
       {DType::kQ4_1, 32, 128, 6},
       {DType::kQ8_0, 32, 64, 6},
       {DType::kQ4_0, 16, 64, 7},
       {DType::kQ4_0, 32, 64, 6},
       {DType::kQ4_1, 16, 64, 7},
+      {DType::kQ4_0, 16, 64, 2},
+      {DType::kQ4_1, 16, 64, 2},
+      {DType::kQ4_0, 16, 64, 3},
+      {DType::kQ4_1, 16, 64, 3},
+      {DType::kQ4_0, 16, 64, 4},
+      {DType::kQ4_1, 16, 64, 4},
+      {DType::kQ4_0, 16, 64, 5},
+      {DType::kQ8_0, 16, 64, 4},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
