@@ -2,14 +2,13 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include <fstream>
 #include <iostream>
 #include <set>
-#include <sstream>
 
 #include "coordinator/flags.h"
 #include "coordinator/key_file.h"
 #include "coordinator/launch.h"
+#include "coordinator/texts_file.h"
 #include "server/rpc_client.h"
 #include "util/str_cat.h"
 
@@ -84,6 +83,16 @@ int Client(int argc, char** argv) {
     if (!k.ok()) return Fail(k.status());
     key = std::move(*k);
   }
+  // A session's turns are read before connecting (a bad file is not a network error).
+  std::vector<std::string> turns;
+  if (action == "session") {
+    if (!f->Has("id") || !f->Has("turns")) {
+      return Fail(absl::InvalidArgumentError("client session: --id and --turns FILE are required"));
+    }
+    auto t = ReadTexts("--turns", f->String("turns", ""));
+    if (!t.ok()) return Fail(t.status());
+    turns = std::move(*t);
+  }
   auto c =
       server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port), key);
   if (!c.ok()) return Fail(c.status());
@@ -129,24 +138,16 @@ int Client(int argc, char** argv) {
     return StreamOut(**c, req);
   }
   if (action == "session") {
-    // Opens session --id, sends each line of --turns as the next user message, prints each
-    // answer with its cached-token count, then closes it.
-    if (!f->Has("id") || !f->Has("turns")) {
-      return Fail(absl::InvalidArgumentError("client session: --id and --turns FILE are required"));
-    }
-    std::ifstream in(f->String("turns", ""));
-    if (!in)
-      return Fail(
-          absl::NotFoundError(StrCat("cannot open --turns file '", f->String("turns", ""), "'")));
+    // Opens session --id, sends each turn of --turns (as `run --session` reads them:
+    // coordinator/texts_file.h) as the next user message, prints each answer with its
+    // cached-token count, then closes it.
     const std::string id = f->String("id", "");
     v1::Frame open;
     open.mutable_session_open()->set_session_id(id);
     open.mutable_session_open()->set_system(f->String("system", ""));
     if (auto r = (*c)->Call(open); !r.ok()) return Fail(r.status());
-    std::string line;
     int turn = 0;
-    while (std::getline(in, line)) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    for (const std::string& line : turns) {
       v1::Frame a;
       a.mutable_session_append()->set_session_id(id);
       a.mutable_session_append()->set_user(line);

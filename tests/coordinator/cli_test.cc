@@ -84,6 +84,12 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "holds a NUL byte");
   ExpectOneLineError({"client", "health", "--api-key-file", "/dev/zero"}, "longer than 4096");
   ExpectOneLineError({"client", "bogus", "--port", "1"}, "client: unknown action 'bogus'");
+  // A session's turns are read as run --session reads them, before connecting.
+  ExpectOneLineError({"client", "session", "--id", "x", "--port", "1", "--turns", "/dev/zero"},
+                     "--turns file '/dev/zero' is larger than 64 MiB");
+  ExpectOneLineError({"client", "session", "--id", "x", "--port", "1", "--turns",
+                      WriteTemp("broken_turns.txt", "[\"a\",,]")},
+                     "not a JSON array of strings");
   // Every request queues before it runs: an empty queue would refuse them all.
   ExpectOneLineError({"run", "--prompt", "x", "--max-waiting", "0"},
                      "--max-waiting must be an integer in [1, 1048576], got '0'");
