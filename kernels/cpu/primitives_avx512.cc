@@ -568,25 +568,14 @@ KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-// 16 lanes of partial sums (the tail's unused lanes add zero), then one reduction.
-KVMESH_AVX512 float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
-  const __m512 s = _mm512_set1_ps(shift);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
-    _mm512_mask_storeu_ps(y + i, m, e);
-    acc = _mm512_mask_add_ps(acc, m, acc, e);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-// ExpShiftedSum over GN rows at once: the rows' vectors are independent, so their exps overlap
-// instead of each row's few vectors waiting on the polynomial's latency (a head's 64 scores are
-// only 4 vectors). Each row's operations are ExpShiftedSum's, in its order.
+// y = exp(x - shift) with its sum, for GN rows at once (row g at x + g * xs, y + g * xs): per
+// row 16 lanes of partial sums (the tail's unused lanes add zero), then one reduction. The rows'
+// vectors are independent, so their exps overlap instead of each row's few vectors waiting on
+// the polynomial's latency (a head's 64 scores are only 4 vectors); each row's operations are
+// the same whatever GN is.
 template <int GN>
-KVMESH_AVX512 void ExpShiftedSumsG(float* x, int64_t xs, const float* shift, int64_t n,
-                                   float* sums) {
+KVMESH_AVX512 void ExpShiftedSumsG(const float* x, float* y, int64_t xs, const float* shift,
+                                   int64_t n, float* sums) {
   __m512 acc[GN], s[GN];
   for (int g = 0; g < GN; ++g) {
     acc[g] = _mm512_setzero_ps();
@@ -595,13 +584,18 @@ KVMESH_AVX512 void ExpShiftedSumsG(float* x, int64_t xs, const float* shift, int
   for (int64_t i = 0; i < n; i += 16) {
     const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
     for (int g = 0; g < GN; ++g) {
-      float* row = x + g * xs + i;
-      const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row), s[g]));
-      _mm512_mask_storeu_ps(row, m, e);
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + g * xs + i), s[g]));
+      _mm512_mask_storeu_ps(y + g * xs + i, m, e);
       acc[g] = _mm512_mask_add_ps(acc[g], m, acc[g], e);
     }
   }
   for (int g = 0; g < GN; ++g) sums[g] = _mm512_reduce_add_ps(acc[g]);
+}
+
+KVMESH_AVX512 float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
+  float sum;
+  ExpShiftedSumsG<1>(x, y, 0, &shift, n, &sum);
+  return sum;
 }
 
 KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* shift, int64_t n,
@@ -610,16 +604,16 @@ KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* 
     float* r = x + g0 * xs;
     switch (std::min<int64_t>(4, G - g0)) {
       case 1:
-        ExpShiftedSumsG<1>(r, xs, shift + g0, n, sums + g0);
+        ExpShiftedSumsG<1>(r, r, xs, shift + g0, n, sums + g0);
         break;
       case 2:
-        ExpShiftedSumsG<2>(r, xs, shift + g0, n, sums + g0);
+        ExpShiftedSumsG<2>(r, r, xs, shift + g0, n, sums + g0);
         break;
       case 3:
-        ExpShiftedSumsG<3>(r, xs, shift + g0, n, sums + g0);
+        ExpShiftedSumsG<3>(r, r, xs, shift + g0, n, sums + g0);
         break;
       default:
-        ExpShiftedSumsG<4>(r, xs, shift + g0, n, sums + g0);
+        ExpShiftedSumsG<4>(r, r, xs, shift + g0, n, sums + g0);
         break;
     }
   }
