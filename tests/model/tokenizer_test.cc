@@ -84,16 +84,24 @@ TEST_F(RealTokenizer, ChatTemplateInsertsDefaultSystemMessage) {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
 
+// What Tokenizer::FromGguf makes of the file b builds (a failure of the test if that is not
+// a GGUF file).
+absl::Status TokenizerStatus(const testing::GgufBuilder& b) {
+  const std::string bytes = b.Build();
+  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  if (!f.ok()) {
+    ADD_FAILURE() << "not a GGUF file: " << f.status();
+    return f.status();
+  }
+  return Tokenizer::FromGguf(**f).status();
+}
+
 TEST(Tokenizer, RejectsUnsupportedTokenizerModels) {
   testing::GgufBuilder b;
   b.Str("tokenizer.ggml.model", "llama").StrArray("tokenizer.ggml.tokens", {"a"});
-  const std::string bytes = b.Build();
-  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(f.ok());
-  auto t = Tokenizer::FromGguf(**f);
+  const absl::Status t = TokenizerStatus(b);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.model 'llama'"),
-            std::string::npos);
+  EXPECT_NE(std::string(t.message()).find("tokenizer.ggml.model 'llama'"), std::string::npos);
 }
 
 // A pre-tokenizer name of another type is an error, not the default (which splits digits
@@ -103,13 +111,9 @@ TEST(Tokenizer, RejectsAPreTokenizerNameOfAnotherType) {
   b.Str("tokenizer.ggml.model", "gpt2")
       .U32("tokenizer.ggml.pre", 7)
       .StrArray("tokenizer.ggml.tokens", {"a"});
-  const std::string bytes = b.Build();
-  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(f.ok());
-  auto t = Tokenizer::FromGguf(**f);
+  const absl::Status t = TokenizerStatus(b);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.pre"), std::string::npos)
-      << t.status();
+  EXPECT_NE(std::string(t.message()).find("tokenizer.ggml.pre"), std::string::npos) << t;
 }
 
 TEST(Tokenizer, RejectsOutOfRangeSpecialIds) {
@@ -118,12 +122,9 @@ TEST(Tokenizer, RejectsOutOfRangeSpecialIds) {
       .StrArray("tokenizer.ggml.tokens", {"a", "b"})
       .StrArray("tokenizer.ggml.merges", {"a b"})
       .U32("tokenizer.ggml.eos_token_id", 9);
-  const std::string bytes = b.Build();
-  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(f.ok());
-  auto t = Tokenizer::FromGguf(**f);
+  const absl::Status t = TokenizerStatus(b);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(t.status().message()).find("eos_token_id"), std::string::npos);
+  EXPECT_NE(std::string(t.message()).find("eos_token_id"), std::string::npos);
 }
 
 // A vocabulary past 2M entries is refused before its tables are built (a 17 MB file of empty
@@ -133,28 +134,22 @@ TEST(Tokenizer, RejectsAnOversizedVocabulary) {
   b.Str("tokenizer.ggml.model", "gpt2")
       .StrArray("tokenizer.ggml.tokens", std::vector<std::string>((size_t{1} << 21) + 1))
       .StrArray("tokenizer.ggml.merges", {"a b"});
-  const std::string bytes = b.Build();
-  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(f.ok());
-  auto t = Tokenizer::FromGguf(**f);
+  const absl::Status t = TokenizerStatus(b);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(t.status().message()).find("vocabulary size 2097153 is out of range"),
+  EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(t.message()).find("vocabulary size 2097153 is out of range"),
             std::string::npos)
-      << t.status();
+      << t;
 }
 
 // A missing required key is a malformed file (InvalidArgument), not a missing one (NotFound).
 TEST(Tokenizer, AMissingRequiredKeyIsInvalidArgument) {
   testing::GgufBuilder b;
   b.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a"});
-  const std::string bytes = b.Build();
-  auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  ASSERT_TRUE(f.ok());
-  auto t = Tokenizer::FromGguf(**f);
+  const absl::Status t = TokenizerStatus(b);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
-  EXPECT_NE(std::string(t.status().message()).find("tokenizer.ggml.merges"), std::string::npos);
+  EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
+  EXPECT_NE(std::string(t.message()).find("tokenizer.ggml.merges"), std::string::npos);
 }
 
 }  // namespace
