@@ -115,6 +115,36 @@ __attribute__((target("avx512f,avx512vnni"))) void BurstDpwssdBroadcast() {
     Sink(_mm512_add_ps(_mm512_add_ps(f0, f3), _mm512_castsi512_ps(i0)));                    \
   }
 
+// One dim of attention's 512-bit q.k tile (primitives_avx512.cc QkTile<3, 4>: 3 query heads x
+// 64 keys), as the compiler emits it: the 3 heads' query values broadcast, then 4 vectors of 16
+// fp16 keys converted from memory, each into 3 fused multiply-adds (12). Two dims per iteration.
+// Its rate beside the FMA loop's says whether the mix itself bounds the kernel's inner loop.
+// clang-format off
+#define KVMESH_BCAST(o) "vbroadcastss " #o "+2048(%[p]), %%zmm0\n\t"  \
+                        "vbroadcastss " #o "+2052(%[p]), %%zmm1\n\t"  \
+                        "vbroadcastss " #o "+2056(%[p]), %%zmm2\n\t"
+#define KVMESH_KEYS(off, a, b, c) "vcvtph2ps " #off "(%[p]), %%zmm3\n\t"     \
+                                  "vfmadd231ps %%zmm3, %%zmm0, %%zmm" #a "\n\t" \
+                                  "vfmadd231ps %%zmm3, %%zmm1, %%zmm" #b "\n\t" \
+                                  "vfmadd231ps %%zmm3, %%zmm2, %%zmm" #c "\n\t"
+__attribute__((target("avx512f"))) void Avx512QkTileDim() {
+  alignas(64) static uint8_t buf[4096] = {};
+  const uint8_t* p = buf;
+  for (int i = 0; i < kBurst; ++i) {
+    __asm__ volatile(KVMESH_BCAST(0) KVMESH_KEYS(0, 4, 5, 6) KVMESH_KEYS(32, 7, 8, 9)
+                     KVMESH_KEYS(64, 10, 11, 12) KVMESH_KEYS(96, 13, 14, 15)
+                     KVMESH_BCAST(16) KVMESH_KEYS(128, 4, 5, 6) KVMESH_KEYS(160, 7, 8, 9)
+                     KVMESH_KEYS(192, 10, 11, 12) KVMESH_KEYS(224, 13, 14, 15)
+                     :
+                     : [p] "r"(p)
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                       "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory");
+  }
+}
+#undef KVMESH_KEYS
+#undef KVMESH_BCAST
+// clang-format on
+
 KVMESH_MIX(MixNothing, "vmovaps %8, ")  // a register move: removed at rename, the baseline
 KVMESH_MIX(MixFma, "vfmadd231ps %14, %15, ")
 KVMESH_MIX(MixMul, "vmulps %14, %15, ")
@@ -294,6 +324,12 @@ int main(int argc, char** argv) {
       if (alone == 0) alone = per_cycle;
       std::printf("  + %-17s %5.2f  %4.2f\n", m.name, per_cycle, per_cycle / alone);
     }
+  }
+  if (avx512) {
+    // 24 fused multiply-adds per iteration; 2 per cycle is the FMA units' ceiling.
+    const double fmas = BurstsPerSecond(seconds, Avx512QkTileDim) * 24.0 * kBurst / hz;
+    std::printf("\nq.k tile dim, 512-bit (3 vbroadcastss, 4 vcvtph2ps, 12 FMA): %.2f FMA / cycle\n",
+                fmas);
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
