@@ -405,7 +405,14 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                        const uint16_t* v, float* out, ThreadPool& pool) {
   const PagedAttentionPlan::Impl& pl = *plan.impl_;
   PagedAttentionArgs a = pl.args;
-  a.q = q;
+  // q scaled once here, not once per chunk inside q.k (which reads it in place at scale 1: the
+  // same bits, x * 1 being x).
+  thread_local std::vector<float> q_scaled;
+  const int64_t q_elems = pl.total * a.n_heads * a.head_dim;
+  q_scaled.resize(static_cast<size_t>(q_elems));
+  for (int64_t i = 0; i < q_elems; ++i) q_scaled[i] = q[i] * a.scale;
+  a.q = q_scaled.data();
+  a.scale = 1.0f;
   a.k = k;
   a.v = v;
   a.out = out;

@@ -59,7 +59,9 @@ struct Primitives {
   // qk: K staged transposed as fp32, key j's dim i at kt[i * kts + j]:
   //   scores[g * ss + j] = dot(scale * q_g, k_j), summed in dim order as one fused multiply-add
   //   chain (s = qs_0 * k_0; s = fma(qs_i, k_i, s)), so every ISA gives the same bits;
-  //   row_max[g] = the largest of scores[g * ss + j], j < n.
+  //   row_max[g] = the largest of scores[g * ss + j], j < n. qs_i = q_i * scale, rounded; a
+  //   caller that scales q once for many chunks passes scale 1 (x * 1 is x: the same bits), which
+  //   lets a kernel read q in place instead of scaling it per call.
   // pv: V staged as fp32 rows [n, d]: o[g * os + i] += sum_j p[g * ps + j] * (v + j * d)[i]
   void (*qk_t)(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
                float scale, float* scores, int64_t ss, float* row_max) = nullptr;

@@ -328,18 +328,18 @@ KVMESH_AVX2 inline __m256i FirstLanes(int64_t m) {
 // vectors are loaded once and each query value broadcast in turn (VN + 1), whichever is fewer.
 // Stores keys [0, n) of the tile (n <= 8 * VN) and folds their maximum into row_max.
 template <int GN, int VN, typename Kt>
-KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t n, float* scores,
+KVMESH_AVX2 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, float* scores,
                         int64_t ss, float* row_max) {
   static_assert(GN * VN + std::min(GN, VN) + 1 <= 16, "the tile must fit the 16 registers");
   __m256 acc[GN][VN];
   for (int c = 0; c < VN; ++c) {
     const __m256 k0 = InRegister(k.Load(0, c));
-    for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g][0]), k0);
+    for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g * d]), k0);
   }
   for (int64_t i = 1; i < d; ++i) {
     if constexpr (GN <= VN) {
       __m256 qv[GN];
-      for (int g = 0; g < GN; ++g) qv[g] = InRegister(_mm256_set1_ps(qs[g][i]));
+      for (int g = 0; g < GN; ++g) qv[g] = InRegister(_mm256_set1_ps(qs[g * d + i]));
       for (int c = 0; c < VN; ++c) {
         const __m256 kv = InRegister(k.Load(i, c));
         for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_fmadd_ps(qv[g], kv, acc[g][c]);
@@ -348,7 +348,7 @@ KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t 
       __m256 ki[VN];
       for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
       for (int g = 0; g < GN; ++g) {
-        const __m256 qv = InRegister(_mm256_set1_ps(qs[g][i]));
+        const __m256 qv = InRegister(_mm256_set1_ps(qs[g * d + i]));
         for (int c = 0; c < VN; ++c) acc[g][c] = _mm256_fmadd_ps(qv, ki[c], acc[g][c]);
       }
     }
@@ -376,7 +376,7 @@ KVMESH_AVX2 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t 
 
 // A tile of vn <= VN vectors (the last, narrower tile of a row of keys).
 template <int GN, int VN, typename Kt>
-KVMESH_AVX2 void QkTileUpTo(int64_t vn, const float (*qs)[256], int64_t d, const Kt& k, int64_t n,
+KVMESH_AVX2 void QkTileUpTo(int64_t vn, const float* qs, int64_t d, const Kt& k, int64_t n,
                             float* scores, int64_t ss, float* row_max) {
   if constexpr (VN > 1) {
     if (vn < VN) return QkTileUpTo<GN, VN - 1>(vn, qs, d, k, n, scores, ss, row_max);
@@ -387,7 +387,7 @@ KVMESH_AVX2 void QkTileUpTo(int64_t vn, const float (*qs)[256], int64_t d, const
 // GN heads over keys [0, n) in tiles of 8 * VN keys (VN even: every tile starts a 16-key group);
 // tile(j0) gives the loader for the keys from j0.
 template <int GN, int VN, typename TileAt>
-KVMESH_AVX2 void QkHeads(const float (*qs)[256], int64_t d, int64_t n, float* scores, int64_t ss,
+KVMESH_AVX2 void QkHeads(const float* qs, int64_t d, int64_t n, float* scores, int64_t ss,
                          float* row_max, const TileAt& tile) {
   static_assert(VN % 2 == 0);
   for (int64_t j0 = 0; j0 < n; j0 += 8 * VN) {
@@ -396,16 +396,20 @@ KVMESH_AVX2 void QkHeads(const float (*qs)[256], int64_t d, int64_t n, float* sc
   }
 }
 
-// Heads in passes of up to 4 (q scaled once per pass), tiles sized per pass.
+// Heads in passes of up to 4, tiles sized per pass. q (head g's value i at q[g * d + i]) is read
+// in place when scale is 1 (the caller scaled it), else scaled into a buffer once per pass: x * 1
+// is x, so both give the same bits.
 template <typename TileAt>
 KVMESH_AVX2 void QkAllHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
                             float* scores, int64_t ss, float* row_max, const TileAt& tile) {
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
-  alignas(32) float qs[4][256];
+  alignas(32) float buf[4 * 256];
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gn = std::min<int64_t>(4, G - g0);
-    for (int64_t g = 0; g < gn; ++g) {
-      for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
+    const float* qs = q + g0 * d;
+    if (scale != 1.0f) {
+      for (int64_t i = 0; i < gn * d; ++i) buf[i] = qs[i] * scale;
+      qs = buf;
     }
     float* out = scores + g0 * ss;
     float* mx = row_max + g0;

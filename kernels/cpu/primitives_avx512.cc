@@ -425,28 +425,30 @@ struct KtF32 {
 struct KtF16 {
   const uint16_t* const* groups;
   int64_t stride;
-  __mmask16 mask[4];
   KVMESH_AVX512 __m512 Load(int64_t i, int c) const {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask[c], groups[c] + i * stride));
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[c] + i * stride)));
   }
 };
 
 // qk_t, 16 keys per register: one fused multiply-add chain per key in dim order, as the scalar
 // reference (same bits). GN heads x VN vectors of 16 keys of accumulators stay in registers
-// (sizes fixed at compile time); each dim's K vectors are loaded once for all heads.
+// (sizes fixed at compile time); each dim's K vectors are loaded once for all heads. Head g's
+// scaled query is qs[g * d + i]. K is read in whole vectors (the loaders' contract), so lanes
+// past key n hold whatever the cache has there; the stores and the maximum drop them.
 template <int GN, int VN, typename Kt>
-KVMESH_AVX512 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_t n, float* scores,
+KVMESH_AVX512 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, float* scores,
                           int64_t ss, float* row_max) {
   __m512 acc[GN][VN];
   for (int c = 0; c < VN; ++c) {
     const __m512 k0 = k.Load(0, c);
-    for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_mul_ps(_mm512_set1_ps(qs[g][0]), k0);
+    for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_mul_ps(_mm512_set1_ps(qs[g * d]), k0);
   }
   for (int64_t i = 1; i < d; ++i) {
     __m512 ki[VN];
     for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
     for (int g = 0; g < GN; ++g) {
-      const __m512 qv = _mm512_set1_ps(qs[g][i]);
+      const __m512 qv = _mm512_set1_ps(qs[g * d + i]);
       for (int c = 0; c < VN; ++c) acc[g][c] = _mm512_fmadd_ps(qv, ki[c], acc[g][c]);
     }
   }
@@ -454,16 +456,21 @@ KVMESH_AVX512 void QkTile(const float (*qs)[256], int64_t d, const Kt& k, int64_
     __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int c = 0; c < VN; ++c) {
       const int64_t m = std::min<int64_t>(16, n - 16 * c);
-      const auto mask = static_cast<__mmask16>((1u << m) - 1);
-      _mm512_mask_storeu_ps(scores + g * ss + 16 * c, mask, acc[g][c]);
-      mx = _mm512_mask_max_ps(mx, mask, mx, acc[g][c]);
+      if (m == 16) {
+        _mm512_storeu_ps(scores + g * ss + 16 * c, acc[g][c]);
+        mx = _mm512_max_ps(mx, acc[g][c]);
+      } else {
+        const auto mask = static_cast<__mmask16>((1u << m) - 1);
+        _mm512_mask_storeu_ps(scores + g * ss + 16 * c, mask, acc[g][c]);
+        mx = _mm512_mask_max_ps(mx, mask, mx, acc[g][c]);
+      }
     }
     row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
   }
 }
 
 template <int GN, typename Kt>
-KVMESH_AVX512 void QkTileVn(int vn, const float (*qs)[256], int64_t d, const Kt& k, int64_t n,
+KVMESH_AVX512 void QkTileVn(int vn, const float* qs, int64_t d, const Kt& k, int64_t n,
                             float* scores, int64_t ss, float* row_max) {
   switch (vn) {
     case 1:
@@ -477,16 +484,20 @@ KVMESH_AVX512 void QkTileVn(int vn, const float (*qs)[256], int64_t d, const Kt&
   }
 }
 
-// Heads in passes of up to 4; `tile(j0)` gives the K loader for keys [j0, j0 + 64).
+// Heads in passes of up to 4; `tile(j0)` gives the K loader for keys [j0, j0 + 64). q is read in
+// place when scale is 1 (the caller scaled it: attention does so once per call, not per chunk),
+// else scaled into a buffer once per pass; x * 1 is x, so both give the same bits.
 template <typename TileAt>
 KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
                            float* scores, int64_t ss, float* row_max, const TileAt& tile) {
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
-  alignas(64) float qs[4][256];
+  alignas(64) float buf[4 * 256];
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gn = std::min<int64_t>(4, G - g0);
-    for (int64_t g = 0; g < gn; ++g) {
-      for (int64_t i = 0; i < d; ++i) qs[g][i] = q[(g0 + g) * d + i] * scale;
+    const float* qs = q + g0 * d;
+    if (scale != 1.0f) {
+      for (int64_t i = 0; i < gn * d; ++i) buf[i] = qs[i] * scale;
+      qs = buf;
     }
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
       const int vn = static_cast<int>(std::min<int64_t>(4, (n - j0 + 15) / 16));
@@ -525,12 +536,7 @@ KVMESH_AVX512 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* 
                          row_max);
   }
   QkHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
-    KtF16 k{groups + j0 / 16, dim_stride, {}};
-    for (int c = 0; c < 4; ++c) {
-      const int64_t m = std::clamp<int64_t>(n - j0 - 16 * c, 0, 16);
-      k.mask[c] = static_cast<__mmask16>((1u << m) - 1);
-    }
-    return k;
+    return KtF16{groups + j0 / 16, dim_stride};
   });
 }
 

@@ -666,6 +666,21 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
       p.qk_t(qv.data(), G, 64, kt16.data(), 64, n, 0.125f, s32.data(), 64, m32.data());
       ASSERT_EQ(s16, s32) << "fp16 groups, G " << G << " n " << n;
       ASSERT_EQ(m16, m32);
+      // q scaled by the caller and passed at scale 1 (attention's way, read in place): the same
+      // bits; and a group's positions past key n, which a kernel may load, change nothing even
+      // when they hold NaN.
+      std::vector<float> qs(qv.size());
+      for (size_t i = 0; i < qv.size(); ++i) qs[i] = qv[i] * 0.125f;
+      for (int64_t j = n; j < 64; ++j) {
+        for (int64_t i = 0; i < 64; ++i) h16[j / 16 * 64 * 32 + 5 + i * 32 + j % 16] = 0x7e00;
+      }
+      std::vector<float> s1(G * 64, -1.0f), m1(G), t1(G * 64, -1.0f), tm1(G);
+      p.qk_t_f16(qs.data(), G, 64, groups, 32, n, 1.0f, s1.data(), 64, m1.data());
+      p.qk_t(qs.data(), G, 64, kt.data(), 64, n, 1.0f, t1.data(), 64, tm1.data());
+      ASSERT_EQ(s1, s16) << "prescaled q, fp16 groups, G " << G << " n " << n;
+      ASSERT_EQ(m1, m16);
+      ASSERT_EQ(t1, want) << "prescaled q, G " << G << " n " << n;
+      ASSERT_EQ(tm1, want_max);
     }
   }
 }
