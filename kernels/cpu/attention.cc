@@ -17,6 +17,7 @@ namespace {
 constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
 constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * kRange, ...)
 constexpr int64_t kMaxRowsPerTask = 32;
+constexpr int64_t kPairHeads = 6;          // rows of a task run two at a time up to this many heads
 constexpr int64_t kMaxGroup = 64;          // query heads per AttendHeads pass (AttendChunk loops)
 constexpr int64_t kSideBytes = 256 << 10;  // one-row units' bytes asked for per several-row unit
 constexpr int64_t kSideLinesPerPass = 32;  // at most, per row pass of the several-row unit
@@ -441,8 +442,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   const int64_t n_items = static_cast<int64_t>(item.size()) - 1;
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {
-    thread_local std::vector<float> scores, kt;
-    scores.resize(static_cast<size_t>(group * kKeyChunk));
+    thread_local std::vector<float> scores, kt, pair_q, pair_rec;
+    scores.resize(static_cast<size_t>(2 * group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
@@ -479,6 +480,24 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               rec[g * stride + 1] = 0.0f;
               std::fill(rec + g * stride + 2, rec + (g + 1) * stride, 0.0f);
             }
+          }
+        }
+        // A task of several rows (one KV head) runs them two at a time wherever both see the
+        // same keys of a chunk: one call over both rows' hn query heads, so each K and V vector
+        // converted feeds twice the fused multiply-adds and the per-call work is shared. For that
+        // its rows' q and records are gathered for the unit (pair_q [i][g][d], pair_rec
+        // [i][g][2 + d]) and the records copied back at its end. Each head's arithmetic is its
+        // own, so the bits are those of one row at a time.
+        const int64_t hn = heads_of(kvh0).second - heads_of(kvh0).first;
+        const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && hn > 0 && 2 * hn <= kPairHeads;
+        if (pairs) {
+          pair_q.resize(static_cast<size_t>(task.n_rows * hn * d));
+          pair_rec.resize(static_cast<size_t>(task.n_rows * hn * stride));
+          const int64_t h0 = heads_of(kvh0).first;
+          for (int64_t i = 0; i < task.n_rows; ++i) {
+            const int64_t row = rows[task.first_row + i];
+            std::copy_n(a.q + (row * a.n_heads + h0) * d, hn * d, pair_q.data() + i * hn * d);
+            std::copy_n(rec_of(i, kvh0), hn * stride, pair_rec.data() + i * hn * stride);
           }
         }
         auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
@@ -567,20 +586,41 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                 __builtin_prefetch(side[side_at++]);
               }
             };
+            auto keys_in_chunk = [&](int64_t i) {
+              return std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
+            };
             for (int64_t i = 0; i < task.n_rows; ++i) {
               prefetch();
-              const int64_t row = rows[task.first_row + i];
-              const int64_t n = std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
+              const int64_t n = keys_in_chunk(i);
               if (n <= 0) {
                 side_lines();
                 continue;
               }
-              AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
-                          rec_of(i, kvh), side_lines);
+              if (!pairs) {
+                const int64_t row = rows[task.first_row + i];
+                AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
+                            rec_of(i, kvh), side_lines);
+              } else if (i + 1 < task.n_rows && keys_in_chunk(i + 1) == n) {
+                prefetch();  // row i + 1's share
+                AttendChunk(a, p, pair_q.data() + i * hn * d, 2 * hn, kv, n, scores.data(),
+                            pair_rec.data() + i * hn * stride, [&] {
+                              side_lines();
+                              side_lines();
+                            });
+                ++i;
+              } else {
+                AttendChunk(a, p, pair_q.data() + i * hn * d, hn, kv, n, scores.data(),
+                            pair_rec.data() + i * hn * stride, side_lines);
+              }
             }
           }
           std::swap(runs, next_runs);
           n_runs = n_next;
+        }
+        if (pairs) {
+          for (int64_t i = 0; i < task.n_rows; ++i) {
+            std::copy_n(pair_rec.data() + i * hn * stride, hn * stride, rec_of(i, kvh0));
+          }
         }
       }
     }

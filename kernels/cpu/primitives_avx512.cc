@@ -386,9 +386,9 @@ KVMESH_AVX512 void PackedA8TileOf(const uint8_t* group, int64_t nb, const BlockA
 }
 
 // Attention for head_dim 64 over fp32-staged K/V rows (four 16-float registers per row); pv
-// keeps up to 4 heads' outputs in registers for the whole chunk. Other shapes take the generic
+// keeps up to kMaxG heads' outputs in registers for the whole chunk. Other shapes take the generic
 // path.
-constexpr int64_t kMaxG = 4;
+constexpr int64_t kMaxG = 6;
 
 // v, pinned in a register: without this the compiler folds a load used by several heads' fused
 // multiply-adds into each of them, and the loop becomes bound by loads instead of arithmetic.
@@ -484,16 +484,17 @@ KVMESH_AVX512 void QkTileVn(int vn, const float* qs, int64_t d, const Kt& k, int
   }
 }
 
-// Heads in passes of up to 4; `tile(j0)` gives the K loader for keys [j0, j0 + 64). q is read in
-// place when scale is 1 (the caller scaled it: attention does so once per call, not per chunk),
-// else scaled into a buffer once per pass; x * 1 is x, so both give the same bits.
+// Heads in passes of up to kMaxG (a 6 x 4 tile: 24 accumulators); `tile(j0)` gives the K loader for
+// keys [j0, j0 + 64). q is read in place when scale is 1 (the caller scaled it: attention does so
+// once per call, not per chunk), else scaled into a buffer once per pass; x * 1 is x, so both give
+// the same bits.
 template <typename TileAt>
 KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
                            float* scores, int64_t ss, float* row_max, const TileAt& tile) {
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
-  alignas(64) float buf[4 * 256];
-  for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    const int64_t gn = std::min<int64_t>(4, G - g0);
+  alignas(64) float buf[kMaxG * 256];
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
+    const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
     const float* qs = q + g0 * d;
     if (scale != 1.0f) {
       for (int64_t i = 0; i < gn * d; ++i) buf[i] = qs[i] * scale;
@@ -514,8 +515,14 @@ KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, floa
         case 3:
           QkTileVn<3>(vn, qs, d, k, n - j0, out, ss, mx);
           break;
-        default:
+        case 4:
           QkTileVn<4>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
+        case 5:
+          QkTileVn<5>(vn, qs, d, k, n - j0, out, ss, mx);
+          break;
+        default:
+          QkTileVn<6>(vn, qs, d, k, n - j0, out, ss, mx);
           break;
       }
     }
@@ -660,8 +667,14 @@ KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t
       case 3:
         PvRowsG<3>(p, ps, v, n, o, os);
         break;
-      default:
+      case 4:
         PvRowsG<4>(p, ps, v, n, o, os);
+        break;
+      case 5:
+        PvRowsG<5>(p, ps, v, n, o, os);
+        break;
+      default:
+        PvRowsG<6>(p, ps, v, n, o, os);
         break;
     }
   }
