@@ -75,7 +75,7 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
 // for them ahead of use: the blocks of a long context are spread over the pool (each holds every
 // layer), so the hardware prefetcher does not see the next chunk coming.
 constexpr int64_t kLineBytes = 64;
-constexpr int64_t kMaxLines = 1024;  // a multi-row task lists at most this many (a hint only)
+constexpr int64_t kMaxLines = 1024;  // a chunk lists at most this many (a hint only)
 template <typename F>
 void ForEachLine(const PagedAttentionArgs& a, const uint16_t* kbase, const uint16_t* vbase,
                  const Run* runs, int64_t n_runs, F f) {
@@ -517,22 +517,21 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         Run* next_runs = runs_b;
         int64_t n_runs = RunsOf(a, task.table, j_begin, std::min(kKeyChunk, j_end - j_begin), runs);
         for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
-          // The next chunk's lines: a lone row asks for them at once; a task of several rows
-          // spreads them over its rows (a burst of misses stalls on the core's miss buffers, and
-          // listing them first costs more than a lone row's chunk can hide).
+          // The next chunk's lines, asked for spread over this chunk's work (a burst of misses
+          // stalls on the core's miss buffers): a task of several rows spreads them over its
+          // rows; a lone row over its KV heads' passes, half before q.k and half between the
+          // softmax and p.v. The lone row used to ask for all of them at the start of the chunk
+          // (up to 768 lines for 3 KV heads); spread, in-process A/B (nineteenth session, Zen 5):
+          // BM_PagedAttentionSharedDecode/0/16/1/100 0.86x the time, one sequence's decode step
+          // at 4K 0.962-0.974x.
           int64_t n_lines = 0, n_next = 0;
           if (j0 + kKeyChunk < j_end) {
             n_next = RunsOf(a, task.table, j0 + kKeyChunk,
                             std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
             for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
-              if (task.n_rows == 1) {
-                ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next,
-                            [](const void* l) { __builtin_prefetch(l); });
-              } else {
-                ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next, [&](const void* l) {
-                  if (n_lines < kMaxLines) lines[n_lines++] = l;
-                });
-              }
+              ForEachLine(a, kbase_of(kvh), vbase_of(kvh), next_runs, n_next, [&](const void* l) {
+                if (n_lines < kMaxLines) lines[n_lines++] = l;
+              });
             }
           }
           // Row i of a pass asks for lines [i * n_lines / n_rows, (i + 1) * n_lines / n_rows),
@@ -589,6 +588,24 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             auto keys_in_chunk = [&](int64_t i) {
               return std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
             };
+            if (task.n_rows == 1) {
+              const int64_t slices = 2 * (kvh1 - kvh0), at = 2 * (kvh - kvh0);
+              auto slice = [&](int64_t sl) {
+                for (int64_t l = sl * n_lines / slices; l < (sl + 1) * n_lines / slices; ++l)
+                  __builtin_prefetch(lines[l]);
+              };
+              slice(at);
+              if (const int64_t n = keys_in_chunk(0); n > 0) {
+                AttendChunk(a, p, a.q + (rows[task.first_row] * a.n_heads + h0) * d, h1 - h0, kv, n,
+                            scores.data(), rec_of(0, kvh), [&] {
+                              side_lines();
+                              slice(at + 1);
+                            });
+              } else {
+                slice(at + 1);
+              }
+              continue;
+            }
             for (int64_t i = 0; i < task.n_rows; ++i) {
               prefetch();
               const int64_t n = keys_in_chunk(i);
