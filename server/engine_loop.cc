@@ -145,7 +145,7 @@ absl::Status EngineLoop::RunSteps() {
     if (!sched.idle()) {
       if (auto s = sched.Step(); !s.ok()) {
         sched.CancelAll();
-        sched.Drain();  // pipelined steps in flight end their requests too
+        sched.Drain().IgnoreError();  // steps in flight end their requests; s is the error
         Publish();
         return s;
       }

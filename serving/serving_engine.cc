@@ -259,7 +259,7 @@ absl::StatusOr<Completion> ServingEngine::Generate(Request req,
       // Not scheduled in the failed step: end it now, while `result` and `on_token` live (a
       // pipelined step still holding it ends it when it finishes).
       Cancel(*id);
-      Drain();
+      Drain().IgnoreError();  // s is the error returned
       return s;
     }
   }

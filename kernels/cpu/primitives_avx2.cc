@@ -882,6 +882,7 @@ KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a
     const BlockA8* ab[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
     __m256i s16[N][2];
+    for (int t = 0; t < N; ++t) s16[t][0] = s16[t][1] = _mm256_setzero_si256();
     for (int p = 0; p < 8; ++p) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p));
       const __m256i lo = _mm256_and_si256(v, mask);
@@ -890,9 +891,8 @@ KVMESH_AVX2 void PackedA8Pass(const uint8_t* group, int64_t nb, const BlockA8* a
         int32_t quad;
         std::memcpy(&quad, ab[t]->qs + 4 * p, 4);
         const __m256i x = _mm256_set1_epi32(quad);
-        const __m256i m0 = _mm256_maddubs_epi16(lo, x), m1 = _mm256_maddubs_epi16(hi, x);
-        s16[t][0] = p == 0 ? m0 : _mm256_add_epi16(s16[t][0], m0);
-        s16[t][1] = p == 0 ? m1 : _mm256_add_epi16(s16[t][1], m1);
+        s16[t][0] = _mm256_add_epi16(s16[t][0], _mm256_maddubs_epi16(lo, x));
+        s16[t][1] = _mm256_add_epi16(s16[t][1], _mm256_maddubs_epi16(hi, x));
       }
     }
     const __m256 dw[2] = {_mm256_cvtph_ps(Load16(blk)), _mm256_cvtph_ps(Load16(blk + 16))};

@@ -146,7 +146,9 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
     for (int64_t t = 0; t < c.tokens; ++t) {
       EXPECT_EQ(part[t * c.rows], 7.0f);
       EXPECT_EQ(part[t * c.rows + c.rows - 1], 7.0f);
-      if (c.rows > 2) EXPECT_NEAR(part[t * c.rows + 1], out[t * c.rows + 1], 1e-6);
+      if (c.rows > 2) {
+        EXPECT_NEAR(part[t * c.rows + 1], out[t * c.rows + 1], 1e-6);
+      }
     }
   }
 }
@@ -262,7 +264,7 @@ TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(&copy[r * run], &w[r * rb + off], run);
     std::vector<uint8_t> a, b;
     const WeightMatrix slice = PackWeights({t, w.data() + off, rows, c1 - c0, rb}, a);
-    const WeightMatrix whole = PackWeights({t, copy.data(), rows, c1 - c0, run}, b);
+    PackWeights({t, copy.data(), rows, c1 - c0, run}, b);
     EXPECT_EQ(slice.packed_rows, 32);
     EXPECT_EQ(a, b) << TraitsOf(t).name;
     // Packing in parallel (160 rows: 10 groups over 2 threads) gives the same bytes.
@@ -469,7 +471,9 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
         PagedAttentionCpu(args, pool);
         EXPECT_EQ(planned, fresh) << "block size " << bs << ", layer " << layer;
         EXPECT_EQ(other, fresh) << "planned for one thread, block size " << bs;
-        if (layer == 0) EXPECT_EQ(planned, together);
+        if (layer == 0) {
+          EXPECT_EQ(planned, together);
+        }
       }
       const std::vector<AttentionSeq> one = {{0, seqs[1].tokens, seqs[1].pos0, tb.data()}};
       args.seqs = one.data();

@@ -108,7 +108,9 @@ TEST(BlockManager, RandomOperationsKeepTheInvariants) {
     }
     ASSERT_EQ(m.referenced(),
               static_cast<int32_t>(std::set<BlockId>(held.begin(), held.end()).size()));
-    if (step % 97 == 0) ASSERT_TRUE(m.Consistent());
+    if (step % 97 == 0) {
+      ASSERT_TRUE(m.Consistent());
+    }
   }
   for (BlockId b : held) m.Release(b);
   EXPECT_EQ(m.referenced(), 0);

@@ -85,7 +85,9 @@ TEST(HugePageRegionTest, BackedByHugePagesWhereTheKernelAllows) {
   HugePageRegion plain = HugePageRegion::Map(8 * kHugePageBytes);
   unsetenv("KVMESH_HUGE_PAGES");
   std::memset(plain.data(), 1, plain.size());
-  if (mode == "madvise") EXPECT_EQ(AnonHugeKbAt(plain.data()), 0);
+  if (mode == "madvise") {
+    EXPECT_EQ(AnonHugeKbAt(plain.data()), 0);
+  }
 }
 
 }  // namespace

@@ -309,7 +309,9 @@ TEST(Scheduler, FinishEarlyEndsARequestAsFinished) {
   RequestId id = 0;
   auto sub = h.sched.Submit(r, {.on_token =
                                     [&](RequestId, int32_t) {
-                                      if (++tokens == 3) EXPECT_TRUE(h.sched.FinishEarly(id));
+                                      if (++tokens == 3) {
+                                        EXPECT_TRUE(h.sched.FinishEarly(id));
+                                      }
                                     },
                                 .on_done = [&](const Completion& c) { got = c; }});
   ASSERT_TRUE(sub.ok());
