@@ -159,14 +159,16 @@ BENCHMARK(BM_PagedAttentionSharedDecode)
     ->Args({1024, 16, 1, 0})  // and on one thread (a row pass: 1/768 of it)
     ->UseRealTime();
 
-// arg: 0 q.k, 1 exp, 2 p.v. One part of a shared-prefix row pass (primitives.h: qk_t_f16,
-// exp_shifted_sum per head, pv_f16) as attention runs it (3 query heads of one KV head over a
+// args: part (0 q.k, 1 exp, 2 p.v), query heads (3: one row, 6: two rows, as attention runs a
+// several-row task's rows in pairs). One part of a shared-prefix row pass (primitives.h:
+// qk_t_f16, exp_shifted_sums, pv_f16) as attention runs it (the heads of one KV head over a
 // chunk of 64 fp16 keys in four 16-position blocks), its data in L1, one thread: each part's
-// cost against its arithmetic (q.k and p.v 1,536 fused multiply-adds each; isa_rates gives the
-// rates of the loops they are built of).
+// cost against its arithmetic (q.k and p.v 768 fused multiply-adds per head each; isa_rates
+// gives the rates of the loops they are built of).
 void BM_AttentionRowPass(benchmark::State& st) {
   const auto& p = cpu::Prims();
-  constexpr int64_t G = 3, d = 64, n = 64, bs = 16, stride = 2 + d;
+  const int64_t G = st.range(1);
+  constexpr int64_t d = 64, n = 64, bs = 16, stride = 2 + d;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<uint16_t> k(d * n), v(n * d);
@@ -178,7 +180,8 @@ void BM_AttentionRowPass(benchmark::State& st) {
   for (int64_t j = 0; j < n; ++j) rows[j] = v.data() + j * d;
   std::vector<float> q(G * d), scores(G * n), rec(G * stride, 0.0f);
   for (auto& x : q) x = u(rng) * 0.125f;  // scaled, as attention passes it (at scale 1)
-  float row_max[G];
+  float row_max[6], shift[6], sums[6];
+  std::fill(shift, shift + 6, 0.5f);
   p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max);
   for (int64_t g = 0; g < G; ++g)
     p.exp_shifted_sum(scores.data() + g * n, row_max[g], scores.data() + g * n, n);
@@ -189,10 +192,15 @@ void BM_AttentionRowPass(benchmark::State& st) {
         p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max);
         break;
       case 1:  // the same scores each time (in place they would decay to 1)
-        for (int64_t g = 0; g < G; ++g) {
-          benchmark::DoNotOptimize(
-              p.exp_shifted_sum(logits.data() + g * n, 0.5f, scores.data() + g * n, n));
+        std::copy(logits.begin(), logits.end(), scores.begin());
+        if (p.exp_shifted_sums != nullptr) {  // attention's way (AttendHeads)
+          p.exp_shifted_sums(scores.data(), n, G, shift, n, sums);
+        } else {
+          for (int64_t g = 0; g < G; ++g) {
+            sums[g] = p.exp_shifted_sum(scores.data() + g * n, shift[g], scores.data() + g * n, n);
+          }
         }
+        benchmark::DoNotOptimize(sums);
         break;
       default:
         p.pv_f16(scores.data(), n, G, d, rows, n, rec.data() + 2, stride);
@@ -201,7 +209,7 @@ void BM_AttentionRowPass(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
 }
-BENCHMARK(BM_AttentionRowPass)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_AttentionRowPass)->ArgsProduct({{0, 1, 2}, {3, 6}});
 
 // What one core can read of the same bytes: the K and V of one layer of 16 sequences' 7 own
 // blocks (BM_PagedAttentionSharedDecode/0/16/1/100's data, same layout and block order), read

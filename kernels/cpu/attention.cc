@@ -17,7 +17,6 @@ namespace {
 constexpr int64_t kKeyChunk = 64;  // scores kept per step of the online softmax
 constexpr int64_t kRange = 512;    // keys are processed in aligned ranges [s * kRange, ...)
 constexpr int64_t kMaxRowsPerTask = 32;
-constexpr int64_t kPairHeads = 6;          // rows of a task run two at a time up to this many heads
 constexpr int64_t kMaxGroup = 64;          // query heads per AttendHeads pass (AttendChunk loops)
 constexpr int64_t kSideBytes = 256 << 10;  // one-row units' bytes asked for per several-row unit
 constexpr int64_t kSideLinesPerPass = 32;  // at most, per row pass of the several-row unit
@@ -482,14 +481,15 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             }
           }
         }
-        // A task of several rows (one KV head) runs them two at a time wherever both see the
-        // same keys of a chunk: one call over both rows' hn query heads, so each K and V vector
-        // converted feeds twice the fused multiply-adds and the per-call work is shared. For that
-        // its rows' q and records are gathered for the unit (pair_q [i][g][d], pair_rec
-        // [i][g][2 + d]) and the records copied back at its end. Each head's arithmetic is its
-        // own, so the bits are those of one row at a time.
+        // A task of several rows (one KV head) runs them two at a time, where the table's
+        // kernels gain from it (pair_heads), wherever both see the same keys of a chunk: one call
+        // over both rows' hn query heads, so each K and V vector converted feeds twice the fused
+        // multiply-adds and the per-call work is shared. For that its rows' q and records are
+        // gathered for the unit (pair_q [i][g][d], pair_rec [i][g][2 + d]) and the records copied
+        // back at its end. Each head's arithmetic is its own, so the bits are those of one row at a
+        // time.
         const int64_t hn = heads_of(kvh0).second - heads_of(kvh0).first;
-        const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && hn > 0 && 2 * hn <= kPairHeads;
+        const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && hn > 0 && 2 * hn <= p.pair_heads;
         if (pairs) {
           pair_q.resize(static_cast<size_t>(task.n_rows * hn * d));
           pair_rec.resize(static_cast<size_t>(task.n_rows * hn * stride));

@@ -81,6 +81,10 @@ struct Primitives {
   // f16_to_f32 and calling pv (paged attention reads V this way for every task).
   void (*pv_f16)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
                  int64_t n, float* o, int64_t os) = nullptr;
+  // Up to how many query heads qk_t / pv run in one pass at their best (their tiles' widths):
+  // attention gives them two rows' heads in one call when those fit (0: never). The bits are
+  // the same either way.
+  int64_t pair_heads = 0;
   // dst[i] = float(fp16 src[i]) (exact).
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   // The same over a 2-D tile: dst[r * dst_stride + c] = float(src[r * src_stride + c]).

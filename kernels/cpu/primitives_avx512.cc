@@ -731,6 +731,7 @@ const Primitives& Avx512Primitives() {
     d.exp_shifted_sums = ExpShiftedSums;
     d.pv = Pv;
     d.pv_f16 = PvF16;
+    d.pair_heads = kMaxG;  // 6 x 4 q.k tiles, 6 heads' p.v in registers
     d.f16_to_f32 = F16ToF32;
     return d;
   }();
