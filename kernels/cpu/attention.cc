@@ -481,6 +481,10 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             }
           }
         }
+        // Row i's (scaled) query heads from local head head0.
+        auto q_of = [&](int64_t i, int64_t head0) {
+          return a.q + (rows[task.first_row + i] * a.n_heads + head0) * d;
+        };
         // A task of several rows (one KV head) runs them two at a time, where the table's
         // kernels gain from it (pair_heads), wherever both see the same keys of a chunk: one call
         // over both rows' hn query heads, so each K and V vector converted feeds twice the fused
@@ -495,8 +499,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           pair_rec.resize(static_cast<size_t>(task.n_rows * hn * stride));
           const int64_t h0 = heads_of(kvh0).first;
           for (int64_t i = 0; i < task.n_rows; ++i) {
-            const int64_t row = rows[task.first_row + i];
-            std::copy_n(a.q + (row * a.n_heads + h0) * d, hn * d, pair_q.data() + i * hn * d);
+            std::copy_n(q_of(i, h0), hn * d, pair_q.data() + i * hn * d);
             std::copy_n(rec_of(i, kvh0), hn * stride, pair_rec.data() + i * hn * stride);
           }
         }
@@ -596,11 +599,10 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               };
               slice(at);
               if (const int64_t n = keys_in_chunk(0); n > 0) {
-                AttendChunk(a, p, a.q + (rows[task.first_row] * a.n_heads + h0) * d, h1 - h0, kv, n,
-                            scores.data(), rec_of(0, kvh), [&] {
-                              side_lines();
-                              slice(at + 1);
-                            });
+                AttendChunk(a, p, q_of(0, h0), h1 - h0, kv, n, scores.data(), rec_of(0, kvh), [&] {
+                  side_lines();
+                  slice(at + 1);
+                });
               } else {
                 slice(at + 1);
               }
@@ -614,9 +616,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                 continue;
               }
               if (!pairs) {
-                const int64_t row = rows[task.first_row + i];
-                AttendChunk(a, p, a.q + (row * a.n_heads + h0) * d, h1 - h0, kv, n, scores.data(),
-                            rec_of(i, kvh), side_lines);
+                AttendChunk(a, p, q_of(i, h0), h1 - h0, kv, n, scores.data(), rec_of(i, kvh),
+                            side_lines);
               } else if (i + 1 < task.n_rows && keys_in_chunk(i + 1) == n) {
                 prefetch();  // row i + 1's share
                 AttendChunk(a, p, pair_q.data() + i * hn * d, 2 * hn, kv, n, scores.data(),

@@ -142,6 +142,14 @@ const Primitives& Avx512Primitives();
 // The table of the active ISA.
 const Primitives& Prims();
 
+// The scaled query values a qk_t kernel multiplies by: q itself at scale 1 (the caller scaled
+// it: x * 1 is x, the same bits), else buf[i] = q[i] * scale for i < n.
+inline const float* ScaledQuery(const float* q, int64_t n, float scale, float* buf) {
+  if (scale == 1.0f) return q;
+  for (int64_t i = 0; i < n; ++i) buf[i] = q[i] * scale;
+  return buf;
+}
+
 // ISA-independent qk_t / pv: plain loops (qk_t with std::fma: the reference chain).
 void GenericQkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
                 float scale, float* scores, int64_t ss, float* row_max);

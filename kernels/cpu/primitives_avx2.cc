@@ -406,11 +406,7 @@ KVMESH_AVX2 void QkAllHeads(const float* q, int64_t G, int64_t d, int64_t n, flo
   alignas(32) float buf[4 * 256];
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gn = std::min<int64_t>(4, G - g0);
-    const float* qs = q + g0 * d;
-    if (scale != 1.0f) {
-      for (int64_t i = 0; i < gn * d; ++i) buf[i] = qs[i] * scale;
-      qs = buf;
-    }
+    const float* qs = ScaledQuery(q + g0 * d, gn * d, scale, buf);
     float* out = scores + g0 * ss;
     float* mx = row_max + g0;
     switch (gn) {

@@ -501,11 +501,7 @@ KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, floa
   alignas(64) float buf[kMaxG * 256];
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
-    const float* qs = q + g0 * d;
-    if (scale != 1.0f) {
-      for (int64_t i = 0; i < gn * d; ++i) buf[i] = qs[i] * scale;
-      qs = buf;
-    }
+    const float* qs = ScaledQuery(q + g0 * d, gn * d, scale, buf);
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
       const int vn = static_cast<int>(std::min<int64_t>(4, (n - j0 + 15) / 16));
       const auto k = tile(j0);
