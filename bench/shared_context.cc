@@ -12,6 +12,8 @@
 //       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
 //       [--decode-only]  (skip the TTFT runs) [--reps 3]  (decode runs per concurrency,
 //       interleaved; medians reported) [--activation-bits 16|8]  (kernels/packed.h ActBits)
+//       [--phases]  (time the forward by phase: the decode steps' mean per phase, per
+//       concurrency; worker/phase_times.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include "coordinator/launch.h"
 #include "serving/serving_engine.h"
 #include "util/str_cat.h"
+#include "worker/phase_times.h"
 
 namespace kvmesh::bench {
 namespace {
@@ -131,8 +134,10 @@ absl::StatusOr<std::vector<Turn>> RunMode(worker::Engine& e, const Workload& w, 
 }
 
 // Decode tokens/s with n sequences over the same context, counted from the moment every
-// sequence has its first token until the last one finishes.
-absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, int tokens) {
+// sequence has its first token until the last one finishes. Adds the forward's phase times of
+// that window to *phases.
+absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, int tokens,
+                                  worker::PhaseTimes* phases) {
   serving::ServingEngine se(e, {.max_seqs = std::max(16, n)});
   const model::ChatTemplate& tmpl = *e.chat_template();
   // Warm the context into the prefix cache first, so the decode phase starts together.
@@ -142,6 +147,7 @@ absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, i
   int started = 0;
   int64_t counted = 0;
   Clock::time_point t0;
+  worker::PhaseTimes at_t0;
   std::map<serving::RequestId, int> got;
   for (int i = 0; i < n; ++i) {
     serving::Request r =
@@ -153,14 +159,26 @@ absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, i
             tokens);
     r.ignore_eos = true;
     auto id = se.Submit(r, {.on_token = [&](serving::RequestId id, int32_t) {
-                          if (got[id]++ == 0 && ++started == n) t0 = Clock::now();
+                          if (got[id]++ == 0 && ++started == n) {
+                            t0 = Clock::now();
+                            at_t0 = e.phase_times();
+                          }
                           if (started == n) ++counted;
                         }});
     if (!id.ok()) return id.status();
   }
   if (auto s = se.RunUntilIdle(); !s.ok()) return s;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const worker::PhaseTimes window = e.phase_times().Since(at_t0);
+  for (int i = 0; i < worker::kPhases; ++i) phases->seconds[i] += window.seconds[i];
+  phases->forwards += window.forwards;
   return static_cast<double>(counted - 1) / secs;  // the token that completed the start
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
 }
 
 std::vector<int> Ints(const std::string& s) {
@@ -178,13 +196,14 @@ int Main(int argc, char** argv) {
   auto f = coordinator::Flags::Parse(argc, argv, 1,
                                      {"model", "threads", "contexts", "kind", "concurrency",
                                       "decode-tokens", "kv-cache-mem", "reps", "activation-bits"},
-                                     {"json", "decode-only"});
+                                     {"json", "decode-only", "phases"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
   o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));
   o.kv_cache_bytes = f->Int("kv-cache-mem", 2048, 1, 1 << 20).value_or(2048) << 20;
   o.activation_bits = static_cast<int>(f->Int("activation-bits", 16, 1, 64).value_or(16));
+  o.phase_times = f->Has("phases");
   auto engine = worker::Engine::Create(o);
   if (!engine.ok()) return coordinator::Fail(engine.status());
   worker::Engine& e = **engine;
@@ -256,9 +275,10 @@ int Main(int argc, char** argv) {
     // Repetitions interleave the concurrencies (1, 4, 16, 1, 4, 16, ...), so drift of the
     // machine touches every column alike; medians and ratios of medians are reported.
     std::map<int, std::vector<double>> rates;
+    std::map<int, worker::PhaseTimes> phases;
     for (int rep = 0; rep < reps; ++rep) {
       for (int n : conc) {
-        auto rate = DecodeRate(e, w, n, decode_tokens);
+        auto rate = DecodeRate(e, w, n, decode_tokens, &phases[n]);
         if (!rate.ok()) return coordinator::Fail(rate.status());
         rates[n].push_back(*rate);
       }
@@ -274,8 +294,24 @@ int Main(int argc, char** argv) {
             n, ctx, m, reps, *lo, *hi,
             single > 0 && n > 1 ? StrCat(", ", m / single, "x one sequence").c_str() : "");
       }
-      out["decode"].push_back(
-          {{"context", ctx}, {"sequences", n}, {"tokens_per_s", m}, {"samples", rates[n]}});
+      json row = {{"context", ctx}, {"sequences", n}, {"tokens_per_s", m}, {"samples", rates[n]}};
+      if (const worker::PhaseTimes& p = phases[n]; o.phase_times && p.forwards > 0) {
+        // Mean ms per decode step by phase (over every repetition's window).
+        std::string line;
+        for (int i = 0; i < worker::kPhases; ++i) {
+          const auto ph = static_cast<worker::Phase>(i);
+          const double ms = 1e3 * p[ph] / static_cast<double>(p.forwards);
+          row["step_ms"][worker::PhaseName(ph)] = ms;
+          line += StrCat(i > 0 ? ", " : "", worker::PhaseName(ph), " ", Fixed(ms, 2));
+        }
+        const double step_ms = 1e3 * p.total() / static_cast<double>(p.forwards);
+        row["step_ms"]["total"] = step_ms;
+        if (!as_json) {
+          std::printf("  per step (ms, mean of %lld steps): %s; forward %s\n",
+                      static_cast<long long>(p.forwards), line.c_str(), Fixed(step_ms, 2).c_str());
+        }
+      }
+      out["decode"].push_back(row);
     }
   }
   if (as_json) std::cout << out.dump(2) << "\n";

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->forward_ = std::make_unique<LlamaForward>(
       *e->model_, *e->pool_, *shard, e->comm_, place, 512,
       opts.activation_bits == 8 ? kernels::ActBits::k8 : kernels::ActBits::k16);
+  e->forward_->set_phase_times(opts.phase_times);
 
   // Every rank must hold the same number of blocks: size them for the rank with the largest
   // blocks (most layers x KV heads), which every rank can work out from the layout alone.

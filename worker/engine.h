@@ -40,6 +40,8 @@ struct EngineOptions {
   // Activations of the Q4_0 / Q4_1 products: 16 bits (exact to ~1e-3) or 8 (ggml's numerics,
   // faster when batched; kernels/packed.h ActBits).
   int activation_bits = 16;
+  // Time the forward passes by phase (Engine::phase_times); off, no clock is read.
+  bool phase_times = false;
 };
 
 class Engine {
@@ -90,6 +92,9 @@ class Engine {
   absl::Status StopFollowers();
   // Time in TP collectives since construction (see CommStats).
   const CommStats& comm_stats() const { return forward_->comm_stats(); }
+  // This rank's forward time by phase since construction (all zero unless
+  // EngineOptions::phase_times).
+  const PhaseTimes& phase_times() const { return forward_->phase_times(); }
 
  private:
   Engine() = default;

@@ -114,6 +114,7 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
                                    std::span<float> logits,
                                    std::unique_ptr<comm::PendingRecv>* logits_pending) {
   const auto& c = model_.config();
+  PhaseClock clock(time_phases_ ? &phase_times_ : nullptr);
   const kvstore::KvBlockShape& shape = arena.shape();
   if (shape.n_layers != n_layers() || shape.n_kv_heads != n_kv_heads() ||
       shape.head_dim != c.head_dim) {
@@ -151,8 +152,9 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
   }
   for (int64_t b = 0; b < total; b += mb) {
     const int64_t n = std::min<int64_t>(mb, total - b);
-    if (auto s = Batch(plan, b, n, arena); !s.ok()) return s;
+    if (auto s = Batch(plan, b, n, arena, clock); !s.ok()) return s;
   }
+  clock.Mark(Phase::kOther);
   if (n_out > 0 && place_.stage.last()) {
     kernels::RmsNormCpu(
         {hidden_out_.data(), model_.output_norm(), hidden_out_.data(), n_out, c.n_embd, c.rms_eps});
@@ -197,6 +199,8 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
       if (auto s = place_.world->Send(logits, place_.logits_to, kTagLogits); !s.ok()) return s;
     }
   }
+  clock.Mark(Phase::kLmHead);
+  if (time_phases_) ++phase_times_.forwards;
   if (n_out > 0 && place_.logits_from >= 0) {
     if (logits_pending != nullptr) {
       auto r = place_.world->RecvAsync(logits, place_.logits_from, kTagLogits);
@@ -205,6 +209,7 @@ absl::Status LlamaForward::Forward(const StepPlan& plan, kvstore::KvBlockArena& 
       return absl::OkStatus();
     }
     if (auto s = place_.world->Recv(logits, place_.logits_from, kTagLogits); !s.ok()) return s;
+    clock.Mark(Phase::kOther);
   }
   return absl::OkStatus();
 }
@@ -252,7 +257,7 @@ absl::Status LlamaForward::AllReduce(int64_t n) {
 }
 
 absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
-                                 kvstore::KvBlockArena& arena) {
+                                 kvstore::KvBlockArena& arena, PhaseClock& clock) {
   const auto& c = model_.config();
   const int64_t E = c.n_embd, hd = c.head_dim;
   const int64_t H = shard_.q_head_end - shard_.q_head_begin;  // this rank's heads and MLP width
@@ -341,7 +346,9 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
     const MatMulArgs qkv[] = {{L.wq, xn_.data(), q_.data(), n, H * hd},
                               {L.wk, xn_.data(), k_.data(), n, KV * hd},
                               {L.wv, xn_.data(), v_.data(), n, KV * hd}};
+    clock.Mark(Phase::kOther);  // the batch's set-up; from the second layer on, nothing
     kernels::MatMulManyCpu(qkv, pool_, add_and_norm(L.attn_norm));
+    clock.Mark(Phase::kQkv);
     add_pending = false;
     uint16_t* kl = arena.k(l);
     uint16_t* vl = arena.v(l);
@@ -360,15 +367,19 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
         kernels::ConvertToFp16Cpu(v_.data() + t * KV * hd, vl + kv_at_[t], KV * hd);
       }
     });
+    clock.Mark(Phase::kRope);
     kernels::PagedAttentionCpu(attn_plan_, q_.data(), kl, vl, attn_.data(), pool_);
+    clock.Mark(Phase::kAttention);
     kernels::MatMulCpu(MatMulArgs{L.wo, attn_.data(), tmp_.data(), n, E}, pool_);
     if (reduce) {
       if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
     add_pending = true;
+    clock.Mark(Phase::kOProj);
     const MatMulArgs gate_up[] = {{L.w_gate, xn_.data(), gate_.data(), n, F},
                                   {L.w_up, xn_.data(), up_.data(), n, F}};
     kernels::MatMulManyCpu(gate_up, pool_, add_and_norm(L.ffn_norm));
+    clock.Mark(Phase::kGateUp);
     // Row by row, so that each row's bits do not depend on the batch.
     kernels::MatMulCpu(
         MatMulArgs{L.w_down, gate_.data(), tmp_.data(), n, E}, pool_, [&](int64_t t0, int64_t t1) {
@@ -380,6 +391,7 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
       if (auto s = AllReduce(n * E); !s.ok()) return s;
     }
     add_pending = true;
+    clock.Mark(Phase::kDown);
   }
   if (add_pending) kernels::AddInPlaceCpu(x_.data(), tmp_.data(), n * E);
   if (place_.stage.last()) {

@@ -24,6 +24,7 @@
 #include "model/llama_model.h"
 #include "model/shard.h"
 #include "util/huge_pages.h"
+#include "worker/phase_times.h"
 #include "worker/step_plan.h"
 
 namespace kvmesh::worker {
@@ -74,6 +75,9 @@ class LlamaForward {
   bool eight_bit_activations() const { return eight_bit_; }
   // Time inside this rank's TP collectives since construction.
   const CommStats& comm_stats() const { return comm_stats_; }
+  // Wall time of Forward by phase since construction, counted while enabled.
+  void set_phase_times(bool on) { time_phases_ = on; }
+  const PhaseTimes& phase_times() const { return phase_times_; }
 
   // Runs one step's batch of sequence chunks (plan.copies are the caller's): chunk i's tokens
   // at positions [pos0, pos0 + n_tokens), writing their K/V into its blocks of `arena` and
@@ -90,7 +94,8 @@ class LlamaForward {
 
  private:
   // Runs rows [b, b + n) of the plan's tokens through this rank's layers.
-  absl::Status Batch(const StepPlan& plan, int64_t b, int64_t n, kvstore::KvBlockArena& arena);
+  absl::Status Batch(const StepPlan& plan, int64_t b, int64_t n, kvstore::KvBlockArena& arena,
+                     PhaseClock& clock);
   absl::Status AllReduce(int64_t n);  // sums tmp_[0, n) over the TP group
   kernels::WeightMatrix Materialise(const kernels::WeightMatrix& w);  // copy into owned_
   static double Since(std::chrono::steady_clock::time_point t0);
@@ -114,6 +119,8 @@ class LlamaForward {
   std::vector<float> local_logits_;
   std::vector<int> vocab_counts_;
   CommStats comm_stats_;
+  bool time_phases_ = false;
+  PhaseTimes phase_times_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   std::vector<int32_t> pos_;
   // Per plan row: its chunk and, for the last stage, which logits row it feeds (-1: none).

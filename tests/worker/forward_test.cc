@@ -2,6 +2,7 @@
 // (tests/fixtures/make_forward_fixture.py): an exact float64 NumPy evaluation, and llama.cpp.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -253,6 +254,43 @@ TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
         << "max_batch=" << mb << " split=" << split << " rel-L2 "
         << RelL2(inc.data(), whole.data(), whole.size());
   }
+}
+
+// Phase timing (worker/phase_times.h): off, nothing is counted; on, each phase of a forward
+// gets time, the phases add up to no more than the call's wall time, and the logits are the
+// same bits as untimed.
+TEST_F(RealModel, PhaseTimesCountEveryPhaseOnlyWhenAsked) {
+  const auto& m = engine_->model();
+  const auto ids = engine_->tokenizer().Encode("Where does a decode step spend its time?", false);
+  kernels::ThreadPool pool(2);
+  std::vector<float> plain(m.config().n_vocab), timed(m.config().n_vocab);
+  LlamaForward off(m, pool);
+  OneSequence a(m, 16, Iota(4));
+  ASSERT_TRUE(a.Forward(off, ids, plain).ok());
+  EXPECT_EQ(off.phase_times().forwards, 0);
+  EXPECT_EQ(off.phase_times().total(), 0.0);
+
+  LlamaForward on(m, pool);
+  on.set_phase_times(true);
+  OneSequence b(m, 16, Iota(4));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(b.Forward(on, ids, timed).ok());
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const PhaseTimes first = on.phase_times();
+  EXPECT_EQ(first.forwards, 1);
+  for (Phase p : {Phase::kQkv, Phase::kRope, Phase::kAttention, Phase::kOProj, Phase::kGateUp,
+                  Phase::kDown, Phase::kLmHead, Phase::kOther}) {
+    EXPECT_GT(first[p], 0.0) << PhaseName(p);
+  }
+  EXPECT_LE(first.total(), wall);
+  EXPECT_EQ(0, std::memcmp(plain.data(), timed.data(), plain.size() * sizeof(float)));
+  // A decode step adds to the totals; Since gives that step alone.
+  ASSERT_TRUE(b.Forward(on, std::span(ids).first(1), timed).ok());
+  const PhaseTimes step = on.phase_times().Since(first);
+  EXPECT_EQ(step.forwards, 1);
+  EXPECT_GT(step[Phase::kAttention], 0.0);
+  EXPECT_NEAR(step.total(), on.phase_times().total() - first.total(), 1e-12);
+  EXPECT_STREQ(PhaseName(Phase::kAttention), "attention");
 }
 
 // Attention reads K/V through the block table: any placement of the blocks in the arena, and
