@@ -169,9 +169,7 @@ absl::StatusOr<double> DecodeRate(worker::Engine& e, const Workload& w, int n, i
   }
   if (auto s = se.RunUntilIdle(); !s.ok()) return s;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const worker::PhaseTimes window = e.phase_times().Since(at_t0);
-  for (int i = 0; i < worker::kPhases; ++i) phases->seconds[i] += window.seconds[i];
-  phases->forwards += window.forwards;
+  *phases += e.phase_times().Since(at_t0);
   return static_cast<double>(counted - 1) / secs;  // the token that completed the start
 }
 

@@ -38,4 +38,10 @@ PhaseTimes PhaseTimes::Since(const PhaseTimes& earlier) const {
   return d;
 }
 
+PhaseTimes& PhaseTimes::operator+=(const PhaseTimes& other) {
+  for (int i = 0; i < kPhases; ++i) seconds[i] += other.seconds[i];
+  forwards += other.forwards;
+  return *this;
+}
+
 }  // namespace kvmesh::worker

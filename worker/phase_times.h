@@ -36,6 +36,8 @@ struct PhaseTimes {
   double total() const;
   // This minus an earlier snapshot of the same totals (a window of steps).
   PhaseTimes Since(const PhaseTimes& earlier) const;
+  // Adds another window's times and forwards (windows summed over repetitions).
+  PhaseTimes& operator+=(const PhaseTimes& other);
 };
 
 // Adds the time since the previous mark to a phase of `times` (null: does nothing, reads no

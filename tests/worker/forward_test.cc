@@ -290,6 +290,10 @@ TEST_F(RealModel, PhaseTimesCountEveryPhaseOnlyWhenAsked) {
   EXPECT_EQ(step.forwards, 1);
   EXPECT_GT(step[Phase::kAttention], 0.0);
   EXPECT_NEAR(step.total(), on.phase_times().total() - first.total(), 1e-12);
+  PhaseTimes sum = first;
+  sum += step;  // windows add back up to the totals
+  EXPECT_EQ(sum.forwards, on.phase_times().forwards);
+  EXPECT_NEAR(sum.total(), on.phase_times().total(), 1e-12);
   EXPECT_STREQ(PhaseName(Phase::kAttention), "attention");
 }
 
