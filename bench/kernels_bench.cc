@@ -107,7 +107,8 @@ void BM_AttentionDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_AttentionDecode)->Args({512, 2})->Args({4096, 2})->UseRealTime();
 
-// args: shared context length, sequences, threads, tokens of each sequence's own. One decode
+// args: shared context length, sequences, threads, tokens of each sequence's own, bf16 attention
+// (PagedAttentionArgs::bf16: 1, else 0). One decode
 // step of one layer over a paged cache laid out as the engine's (16-token blocks, each holding
 // all 30 layers, so a layer's keys are spread over memory and a long context is not in cache):
 // every sequence has the shared context's blocks and its own tokens in blocks of its own, as
@@ -143,7 +144,7 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
   for (auto _ : st) {
     const uint16_t* k = cache.data() + layer * 2 * half;
     PagedAttentionCpu({q.data(), k, k + half, out.data(), H, KV, hd, KV * hd, bs, block_stride,
-                       as.data(), seqs, 0.125f},
+                       as.data(), seqs, 0.125f, 0, 0, 0, st.range(4) != 0},
                       pool);
     benchmark::DoNotOptimize(out.data());
     layer = (layer + 1) % layers;
@@ -152,11 +153,12 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
                                              benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PagedAttentionSharedDecode)
-    ->ArgsProduct({{1024, 4096}, {1, 16}, {2}, {16, 100}})
-    ->Args({0, 16, 1, 100})  // each sequence's own keys alone: 16 one-row units of 100 keys
-    ->Args({0, 16, 2, 100})
-    ->Args({1024, 16, 2, 0})  // the shared part alone
-    ->Args({1024, 16, 1, 0})  // and on one thread (a row pass: 1/768 of it)
+    ->ArgsProduct({{1024, 4096}, {1, 16}, {2}, {16, 100}, {0, 1}})
+    ->Args({0, 16, 1, 100, 0})  // each sequence's own keys alone: 16 one-row units of 100 keys
+    ->Args({0, 16, 2, 100, 0})
+    ->Args({0, 16, 2, 100, 1})
+    ->Args({1024, 16, 2, 0, 0})  // the shared part alone
+    ->Args({1024, 16, 1, 0, 0})  // and on one thread (a row pass: 1/768 of it)
     ->UseRealTime();
 
 // args: part (0 q.k, 1 exp, 2 p.v), query heads (3: one row, 6: two rows, as attention runs a

@@ -12,6 +12,7 @@
 //       [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--json]
 //       [--decode-only]  (skip the TTFT runs) [--reps 3]  (decode runs per concurrency,
 //       interleaved; medians reported) [--activation-bits 16|8]  (kernels/packed.h ActBits)
+//       [--attention-bits 32|16]  (16: bf16 operands; worker/engine.h EngineOptions)
 //       [--phases]  (time the forward by phase: the decode steps' mean per phase, per
 //       concurrency; worker/phase_times.h)
 #include <algorithm>
@@ -191,16 +192,18 @@ std::vector<int> Ints(const std::string& s) {
 }
 
 int Main(int argc, char** argv) {
-  auto f = coordinator::Flags::Parse(argc, argv, 1,
-                                     {"model", "threads", "contexts", "kind", "concurrency",
-                                      "decode-tokens", "kv-cache-mem", "reps", "activation-bits"},
-                                     {"json", "decode-only", "phases"});
+  auto f = coordinator::Flags::Parse(
+      argc, argv, 1,
+      {"model", "threads", "contexts", "kind", "concurrency", "decode-tokens", "kv-cache-mem",
+       "reps", "activation-bits", "attention-bits"},
+      {"json", "decode-only", "phases"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
   o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));
   o.kv_cache_bytes = f->Int("kv-cache-mem", 2048, 1, 1 << 20).value_or(2048) << 20;
   o.activation_bits = static_cast<int>(f->Int("activation-bits", 16, 1, 64).value_or(16));
+  o.attention_bits = static_cast<int>(f->Int("attention-bits", 32, 1, 64).value_or(32));
   o.phase_times = f->Has("phases");
   auto engine = worker::Engine::Create(o);
   if (!engine.ok()) return coordinator::Fail(engine.status());
@@ -219,12 +222,14 @@ int Main(int argc, char** argv) {
               {"kind", kind},
               {"kv_bytes_per_token", e.kv_bytes_per_token()},
               {"activation_bits", e.activation_bits()},
+              {"attention_bits", e.attention_bits()},
               {"block_size", e.block_size()}};
   if (!as_json) {
     std::printf(
-        "model %s, %d threads, %d-bit activations, context kind '%s', KV %lld bytes/token (fp16, "
-        "all layers)\n",
-        e.model().config().name.c_str(), e.threads(), e.activation_bits(), kind.c_str(),
+        "model %s, %d threads, %d-bit activations, %s attention, context kind '%s', KV %lld "
+        "bytes/token (fp16, all layers)\n",
+        e.model().config().name.c_str(), e.threads(), e.activation_bits(),
+        e.attention_bits() == 16 ? "bf16" : "fp32", kind.c_str(),
         static_cast<long long>(e.kv_bytes_per_token()));
   }
   for (int ctx : contexts) {

@@ -47,6 +47,7 @@ constexpr char kUsage[] =
     "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
     "            [--max-batched-tokens 512] [--max-sessions 256] [--tp-collectives shm|mpi]\n"
     "            [--activation-bits 16|8]  (8: ggml's numerics, faster batched)\n"
+    "            [--attention-bits 32|16]  (16: bf16 operands, faster with many sequences)\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
@@ -278,6 +279,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["gathers"] = comm.gathers - comm0.gathers;
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
     j["activation_bits"] = e.activation_bits();
+    j["attention_bits"] = e.attention_bits();
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
@@ -285,7 +287,8 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->ttft_ms << " ms, "
               << r->tokens.size() << " generated in " << decode_ms << " ms (" << r->stop_reason
               << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
-              << (e.activation_bits() == 8 ? ", 8-bit activations" : "") << ")\n";
+              << (e.activation_bits() == 8 ? ", 8-bit activations" : "")
+              << (e.attention_bits() == 16 ? ", bf16 attention" : "") << ")\n";
   }
   return 0;
 }

@@ -69,10 +69,20 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
 }  // namespace
 
 const std::set<std::string>& LaunchFlagNames() {
-  static const std::set<std::string> names = {
-      "threads",        "ctx-size",           "tp",          "pp", "kv-cache-mem",   "block-size",
-      "max-seqs",       "max-batched-tokens", "max-waiting", "dp", "tp-collectives", "max-sessions",
-      "activation-bits"};
+  static const std::set<std::string> names = {"threads",
+                                              "ctx-size",
+                                              "tp",
+                                              "pp",
+                                              "kv-cache-mem",
+                                              "block-size",
+                                              "max-seqs",
+                                              "max-batched-tokens",
+                                              "max-waiting",
+                                              "dp",
+                                              "tp-collectives",
+                                              "max-sessions",
+                                              "activation-bits",
+                                              "attention-bits"};
   return names;
 }
 
@@ -103,6 +113,12 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   if (!act_bits.ok()) return act_bits.status();
   if (*act_bits != 8 && *act_bits != 16) {
     return absl::InvalidArgumentError(StrCat("--activation-bits must be 8 or 16, not ", *act_bits));
+  }
+  auto attn_bits = f.Int("attention-bits", 32, 16, 32);
+  if (!attn_bits.ok()) return attn_bits.status();
+  if (*attn_bits != 16 && *attn_bits != 32) {
+    return absl::InvalidArgumentError(
+        StrCat("--attention-bits must be 16 or 32, not ", *attn_bits));
   }
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
@@ -158,6 +174,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   o.kv_cache_bytes = *kv_mem << 20;
   o.block_size = static_cast<int32_t>(*block_size);
   o.activation_bits = static_cast<int>(*act_bits);
+  o.attention_bits = static_cast<int>(*attn_bits);
   auto e = worker::Engine::Create(o);
   absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {

@@ -39,6 +39,7 @@ const std::map<std::string, Key>& Keys() {
       {"data_parallel_size", {"dp", Kind::kInt}},
       {"threads", {"threads", Kind::kInt}},
       {"activation_bits", {"activation-bits", Kind::kInt}},
+      {"attention_bits", {"attention-bits", Kind::kInt}},
       {"max_body_bytes", {"max-body-bytes", Kind::kInt}},
   };
   return keys;

@@ -65,6 +65,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
       *e->model_, *e->pool_, *shard, e->comm_, place, 512,
       opts.activation_bits == 8 ? kernels::ActBits::k8 : kernels::ActBits::k16);
   e->forward_->set_phase_times(opts.phase_times);
+  if (opts.attention_bits != 16 && opts.attention_bits != 32) {
+    return absl::InvalidArgumentError(
+        StrCat("attention bits must be 16 or 32, not ", opts.attention_bits));
+  }
+  if (opts.attention_bits == 16 && e->model_->config().head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("16-bit attention needs an even head dim, not ", e->model_->config().head_dim));
+  }
+  if (opts.attention_bits == 16 && opts.block_size % 16 != 0) {
+    return absl::InvalidArgumentError(StrCat(
+        "16-bit attention needs a block size that is a multiple of 16, not ", opts.block_size));
+  }
+  e->forward_->set_bf16_attention(opts.attention_bits == 16);
 
   // Every rank must hold the same number of blocks: size them for the rank with the largest
   // blocks (most layers x KV heads), which every rank can work out from the layout alone.
@@ -99,17 +112,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->pp_ = opts.pp;
   e->kv_bytes_per_token_ = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
   // Block names must differ whenever the bytes a block holds could: another model file, another
-  // split of heads or layers, another block size or element format, other activation numerics
-  // (8-bit activations compute other K and V).
-  // The model is named by a hash of its GGUF header (metadata and tensor table) and its size.
+  // split of heads or layers, another block size or element format, other activation or attention
+  // numerics (8-bit activations and bf16 attention compute other K and V). The model is named by a
+  // hash of its GGUF header (metadata and tensor table) and its size.
   const auto& g = e->model_->gguf();
   const kvstore::BlockHash model_id = kvstore::CacheSalt(g.header());
   char id[40];
   std::snprintf(id, sizeof(id), "%016llx%016llx", static_cast<unsigned long long>(model_id.hi),
                 static_cast<unsigned long long>(model_id.lo));
-  e->cache_salt_ = StrCat("model=", id, ":", g.file_size(), ";tp=", tp_size, ";pp=", opts.pp,
-                          ";kv=fp16,k-transposed;block=", opts.block_size,
-                          e->forward_->eight_bit_activations() ? ";act=8" : "");
+  e->cache_salt_ =
+      StrCat("model=", id, ":", g.file_size(), ";tp=", tp_size, ";pp=", opts.pp,
+             ";kv=", e->forward_->bf16_attention() ? "bf16-pairs" : "fp16,k-transposed",
+             ";block=", opts.block_size, e->forward_->eight_bit_activations() ? ";act=8" : "");
   return e;
 }
 

@@ -40,6 +40,11 @@ struct EngineOptions {
   // Activations of the Q4_0 / Q4_1 products: 16 bits (exact to ~1e-3) or 8 (ggml's numerics,
   // faster when batched; kernels/packed.h ActBits).
   int activation_bits = 16;
+  // Attention's operands: 32 (the fp16 cache's values, fp32 arithmetic; the reference) or 16
+  // (q, K, the softmax weights and V rounded to bf16, exact products, fp32 sums: FlashAttention's
+  // numerics for a bf16 model; twice the multiply-add rate with AVX-512 BF16, so faster when many
+  // sequences share a context; kernels/ops.h PagedAttentionArgs::bf16).
+  int attention_bits = 32;
   // Time the forward passes by phase (Engine::phase_times); off, no clock is read.
   bool phase_times = false;
 };
@@ -61,6 +66,8 @@ class Engine {
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
   // 8 if the products run against 8-bit activations (asked for, and this ISA packs), else 16.
   int activation_bits() const { return forward_->eight_bit_activations() ? 8 : 16; }
+  // 16 if attention runs on bf16 operands (EngineOptions::attention_bits), else 32.
+  int attention_bits() const { return forward_->bf16_attention() ? 16 : 32; }
   // Names the model, shard layout and KV format: the root of block names (kvstore/block_hash.h).
   const std::string& cache_salt() const { return cache_salt_; }
 

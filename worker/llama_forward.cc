@@ -324,7 +324,8 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
                                    .scale = scale,
                                    .group = shard_.group,
                                    .q_head0 = shard_.q_head_begin,
-                                   .kv_head0 = shard_.kv_head_begin};
+                                   .kv_head0 = shard_.kv_head_begin,
+                                   .bf16 = bf16_attention_};
   kernels::PlanPagedAttention(attn, pool_.size(), attn_plan_);
   // The rotary cos/sin of every row: the same for every layer.
   rope_cs_.resize(n * c.rot_dim);
@@ -360,6 +361,20 @@ absl::Status LlamaForward::Batch(const StepPlan& plan, int64_t b, int64_t n,
       kernels::RopeApplyCpu(k_.data() + t0 * KV * hd, t1 - t0, KV, hd, c.rot_dim,
                             rope_cs_.data() + t0 * c.rot_dim);
       for (int64_t t = t0; t < t1; ++t) {
+        if (bf16_attention_) {  // bf16 pairs (kernels/ops.h PagedAttentionArgs::bf16)
+          const int64_t slot = pos_[t] % bs;
+          uint16_t* kb = k16_.data() + t * KV * hd;
+          kernels::ConvertToBf16Cpu(k_.data() + t * KV * hd, kb, KV * hd);
+          uint16_t* kd = kl + (k_at_[t] - slot) + 2 * slot;
+          for (int64_t e = 0; e < KV * hd; e += 2) {
+            kd[e * bs] = kb[e];
+            kd[e * bs + 1] = kb[e + 1];
+          }
+          kernels::ConvertToBf16Cpu(v_.data() + t * KV * hd, kb, KV * hd);
+          uint16_t* vd = vl + (kv_at_[t] - slot * ps) + (slot & ~int64_t{1}) * ps + (slot & 1);
+          for (int64_t e = 0; e < KV * hd; ++e) vd[2 * e] = kb[e];
+          continue;
+        }
         // K is transposed within its block (kvstore/block_arena.h): element e every bs slots.
         uint16_t* k16 = k16_.data() + t * KV * hd;
         kernels::ConvertToFp16Cpu(k_.data() + t * KV * hd, k16, KV * hd);

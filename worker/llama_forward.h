@@ -77,6 +77,9 @@ class LlamaForward {
   const CommStats& comm_stats() const { return comm_stats_; }
   // Wall time of Forward by phase since construction, counted while enabled.
   void set_phase_times(bool on) { time_phases_ = on; }
+  // Attention on bf16 operands (kernels/ops.h PagedAttentionArgs::bf16); off by default.
+  void set_bf16_attention(bool on) { bf16_attention_ = on; }
+  bool bf16_attention() const { return bf16_attention_; }
   const PhaseTimes& phase_times() const { return phase_times_; }
 
   // Runs one step's batch of sequence chunks (plan.copies are the caller's): chunk i's tokens
@@ -107,6 +110,7 @@ class LlamaForward {
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
   bool eight_bit_ = false;
+  bool bf16_attention_ = false;
   model::TpShard shard_;
   comm::Communicator* comm_ = nullptr;  // null: one rank
   PipelinePlace place_;

@@ -52,8 +52,9 @@ struct Unit {
 
 struct Run {
   // Key offset in the chunk, run length, and the run's first position in the layer: V's
-  // element offset (position-major) and K's (K is transposed within a block).
-  int64_t off, len, at, k_at;
+  // element offset (position-major) and K's (K is transposed within a block); its slot in the
+  // block.
+  int64_t off, len, at, k_at, slot;
 };
 
 // The runs of keys [j0, j0 + n) contiguous in memory (inside one block).
@@ -64,7 +65,7 @@ int64_t RunsOf(const PagedAttentionArgs& a, const int32_t* table, int64_t j0, in
   for (int64_t j = j0; j < j0 + n; ++b, slot = 0) {
     const int64_t len = std::min(a.block_size - slot, j0 + n - j);
     const int64_t block = table[b] * a.block_stride;
-    runs[k++] = {j - j0, len, block + slot * a.pos_stride, block + slot};
+    runs[k++] = {j - j0, len, block + slot * a.pos_stride, block + slot, slot};
     j += len;
   }
   return k;
@@ -95,6 +96,11 @@ void ForEachLine(const PagedAttentionArgs& a, const uint16_t* kbase, const uint1
       for (int64_t i = 0; i < a.head_dim; ++i)
         span(kbase + runs[r].k_at + i * a.block_size, runs[r].len);
     }
+    if (a.bf16) {  // V as pairs of positions (kernels/ops.h)
+      for (int64_t j = 0; j < runs[r].len; j += 2)
+        span(vbase + runs[r].at + j * a.pos_stride, 2 * a.head_dim);
+      continue;
+    }
     for (int64_t j = 0; j < runs[r].len; ++j)
       span(vbase + runs[r].at + j * a.pos_stride, a.head_dim);
   }
@@ -122,6 +128,10 @@ struct ChunkKv {
   const float* kt = nullptr;
   const uint16_t* const* kgroups = nullptr;  // or K in the cache: per 16 keys, their block
   const uint16_t* const* vrows = nullptr;    // per key of the chunk: its fp16 V row
+  // bf16 attention: K and V in the cache as bf16 pairs (kernels/ops.h), read in place: per 16
+  // keys their block's dim pairs (stride block_size), per pair of keys their V pairs.
+  const uint32_t* const* kpairs = nullptr;
+  const uint32_t* const* vpairs = nullptr;
 };
 
 // One chunk of keys [0, n) for the `group` (at most kMaxGroup) query heads q of one row:
@@ -129,12 +139,14 @@ struct ChunkKv {
 // (PagedAttentionCpu asks for the side lines there).
 template <typename Between>
 void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
-                 int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec,
-                 const Between& between) {
+                 const uint32_t* qp, int64_t group, const ChunkKv& kv, int64_t n, float* scores,
+                 float* rec, const Between& between) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
   float chunk_max[kMaxGroup], sums[kMaxGroup];
-  if (kv.kt != nullptr) {
+  if (kv.kpairs != nullptr) {
+    p.qk_bf16(qp, group, d, kv.kpairs, a.block_size, n, scores, kKeyChunk, chunk_max);
+  } else if (kv.kt != nullptr) {
     p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max);
   } else {
     p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk, chunk_max);
@@ -163,18 +175,27 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
   }
   between();
   // V: each row is loaded once for all heads of the group.
-  p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
+  if (kv.vpairs == nullptr) {
+    return p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
+  }
+  uint32_t weights[kMaxGroup * kKeyChunk / 2];  // bf16 pairs, a zero after an odd n
+  auto* w = reinterpret_cast<uint16_t*>(weights);
+  for (int64_t g = 0; g < group; ++g) {
+    p.to_bf16(scores + g * kKeyChunk, w + g * kKeyChunk, n);
+    if (n % 2 != 0) w[g * kKeyChunk + n] = 0;
+  }
+  p.pv_bf16(weights, kKeyChunk / 2, group, d, kv.vpairs, n, rec + 2, stride);
 }
 
 // AttendHeads for any number of heads, in passes of kMaxGroup (each head's arithmetic is its
 // own, so the passes change no bits); between() runs in the first pass.
 template <typename Between>
 void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
-                 int64_t group, const ChunkKv& kv, int64_t n, float* scores, float* rec,
-                 const Between& between) {
+                 const uint32_t* qp, int64_t group, const ChunkKv& kv, int64_t n, float* scores,
+                 float* rec, const Between& between) {
   for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
-    AttendHeads(a, p, q + g0 * a.head_dim, std::min(kMaxGroup, group - g0), kv, n, scores,
-                rec + g0 * (2 + a.head_dim), [&] {
+    AttendHeads(a, p, q + g0 * a.head_dim, qp != nullptr ? qp + g0 * a.head_dim / 2 : nullptr,
+                std::min(kMaxGroup, group - g0), kv, n, scores, rec + g0 * (2 + a.head_dim), [&] {
                   if (g0 == 0) between();
                 });
   }
@@ -213,7 +234,8 @@ void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u,
     Run runs[kKeyChunk + 1];
     const int64_t n_runs = RunsOf(a, t.table, j0, std::min(kKeyChunk, j_end - j0), runs);
     for (int64_t kvh = u.kvh0; kvh < u.kvh1; ++kvh) {
-      ForEachLine(a, a.k + kvh * a.head_dim * a.block_size, a.v + kvh * a.head_dim, runs, n_runs,
+      ForEachLine(a, a.k + kvh * a.head_dim * a.block_size,
+                  a.v + (a.bf16 ? 2 : 1) * kvh * a.head_dim, runs, n_runs,
                   [&](const void* l) { lines.push_back(l); });
     }
   }
@@ -411,12 +433,21 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   const int64_t q_elems = pl.total * a.n_heads * a.head_dim;
   q_scaled.resize(static_cast<size_t>(q_elems));
   for (int64_t i = 0; i < q_elems; ++i) q_scaled[i] = q[i] * a.scale;
+  const auto& p = cpu::Prims();
+  // bf16 attention: the scaled queries as bf16 pairs (head h of row r at (r * n_heads + h) *
+  // head_dim / 2).
+  thread_local std::vector<uint32_t> q_pairs_storage;
+  std::vector<uint32_t>& q_pairs = q_pairs_storage;  // workers reach it through this reference
+  if (pl.args.bf16) {
+    q_pairs.resize(static_cast<size_t>(q_elems / 2));
+    p.to_bf16(q_scaled.data(), reinterpret_cast<uint16_t*>(q_pairs.data()), q_elems);
+  }
   a.q = q_scaled.data();
   a.scale = 1.0f;
   a.k = k;
   a.v = v;
   a.out = out;
-  const auto& p = cpu::Prims();
+  const bool bf16 = a.bf16;
   const int64_t group = GroupOf(a);
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
@@ -442,12 +473,15 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {
     thread_local std::vector<float> scores, kt, pair_q, pair_rec;
+    thread_local std::vector<uint32_t> pair_qp;
     scores.resize(static_cast<size_t>(2 * group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
     const uint16_t* vrows[kKeyChunk];
     const uint16_t* kgroups[kKeyChunk / 16];
+    const uint32_t* kpairs[kKeyChunk / 16];
+    const uint32_t* vpairs[kKeyChunk / 2];
     thread_local std::vector<const void*> side;  // lines of the item's one-row units
     for (int64_t k = next_item.fetch_add(1); k < n_items; k = next_item.fetch_add(1)) {
       for (int64_t q = item[k]; q < item[k + 1]; ++q) {
@@ -485,6 +519,9 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         auto q_of = [&](int64_t i, int64_t head0) {
           return a.q + (rows[task.first_row + i] * a.n_heads + head0) * d;
         };
+        auto qp_of = [&](int64_t i, int64_t head0) {
+          return q_pairs.data() + (rows[task.first_row + i] * a.n_heads + head0) * d / 2;
+        };
         // A task of several rows (one KV head) runs them two at a time, where the table's
         // kernels gain from it (pair_heads), wherever both see the same keys of a chunk: one call
         // over both rows' hn query heads, so each K and V vector converted feeds twice the fused
@@ -497,14 +534,20 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         if (pairs) {
           pair_q.resize(static_cast<size_t>(task.n_rows * hn * d));
           pair_rec.resize(static_cast<size_t>(task.n_rows * hn * stride));
+          if (bf16) pair_qp.resize(static_cast<size_t>(task.n_rows * hn * d / 2));
           const int64_t h0 = heads_of(kvh0).first;
           for (int64_t i = 0; i < task.n_rows; ++i) {
+            if (bf16) std::copy_n(qp_of(i, h0), hn * d / 2, pair_qp.data() + i * hn * d / 2);
             std::copy_n(q_of(i, h0), hn * d, pair_q.data() + i * hn * d);
             std::copy_n(rec_of(i, kvh0), hn * stride, pair_rec.data() + i * hn * stride);
           }
         }
+        auto pair_qp_of = [&](int64_t i) {
+          return bf16 ? pair_qp.data() + i * hn * d / 2 : nullptr;
+        };
         auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
-        auto vbase_of = [&](int64_t kvh) { return a.v + kvh * d; };
+        // A KV head's V: d elements per position; in bf16 pairs 2 * d per pair of positions.
+        auto vbase_of = [&](int64_t kvh) { return a.v + (bf16 ? 2 : 1) * kvh * d; };
         // The side lines, spread over the unit's row passes.
         int64_t passes = 0;
         for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
@@ -559,7 +602,26 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             const uint16_t* kbase = kbase_of(kvh);
             const uint16_t* vbase = vbase_of(kvh);
             ChunkKv kv;
-            if (a.block_size % 16 == 0) {
+            if (bf16) {
+              // In place: the block's dim pairs of 16 keys from slot s at block + 2 * s (in
+              // fp16 units); V's pair of keys j, j + 1 (j even) at V's block + j * pos_stride,
+              // this head's 2 * d elements from 2 * kvh * d.
+              for (int64_t c = 0; c * 16 < n_chunk; ++c) {
+                int64_t r = 0;
+                while (runs[r].off + runs[r].len <= 16 * c) ++r;
+                const int64_t slot = runs[r].slot + 16 * c - runs[r].off;
+                kpairs[c] = reinterpret_cast<const uint32_t*>(kbase + runs[r].k_at - runs[r].slot +
+                                                              2 * slot);
+              }
+              for (int64_t r = 0, j = 0; r < n_runs; ++r) {
+                for (int64_t i = 0; i < runs[r].len; i += 2, j += 2) {
+                  vpairs[j / 2] =
+                      reinterpret_cast<const uint32_t*>(vbase + runs[r].at + i * a.pos_stride);
+                }
+              }
+              kv.kpairs = kpairs;
+              kv.vpairs = vpairs;
+            } else if (a.block_size % 16 == 0) {
               // K read in place, 16 keys of one block per group.
               for (int64_t c = 0; c * 16 < n_chunk; ++c) {
                 int64_t r = 0;
@@ -599,10 +661,11 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               };
               slice(at);
               if (const int64_t n = keys_in_chunk(0); n > 0) {
-                AttendChunk(a, p, q_of(0, h0), h1 - h0, kv, n, scores.data(), rec_of(0, kvh), [&] {
-                  side_lines();
-                  slice(at + 1);
-                });
+                AttendChunk(a, p, q_of(0, h0), bf16 ? qp_of(0, h0) : nullptr, h1 - h0, kv, n,
+                            scores.data(), rec_of(0, kvh), [&] {
+                              side_lines();
+                              slice(at + 1);
+                            });
               } else {
                 slice(at + 1);
               }
@@ -616,19 +679,19 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                 continue;
               }
               if (!pairs) {
-                AttendChunk(a, p, q_of(i, h0), h1 - h0, kv, n, scores.data(), rec_of(i, kvh),
-                            side_lines);
+                AttendChunk(a, p, q_of(i, h0), bf16 ? qp_of(i, h0) : nullptr, h1 - h0, kv, n,
+                            scores.data(), rec_of(i, kvh), side_lines);
               } else if (i + 1 < task.n_rows && keys_in_chunk(i + 1) == n) {
                 prefetch();  // row i + 1's share
-                AttendChunk(a, p, pair_q.data() + i * hn * d, 2 * hn, kv, n, scores.data(),
-                            pair_rec.data() + i * hn * stride, [&] {
+                AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), 2 * hn, kv, n,
+                            scores.data(), pair_rec.data() + i * hn * stride, [&] {
                               side_lines();
                               side_lines();
                             });
                 ++i;
               } else {
-                AttendChunk(a, p, pair_q.data() + i * hn * d, hn, kv, n, scores.data(),
-                            pair_rec.data() + i * hn * stride, side_lines);
+                AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), hn, kv, n,
+                            scores.data(), pair_rec.data() + i * hn * stride, side_lines);
               }
             }
           }

@@ -80,6 +80,10 @@ void AddInPlaceCpu(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+void ConvertToBf16Cpu(const float* src, uint16_t* dst, int64_t n) {
+  cpu::Prims().to_bf16(src, dst, n);
+}
+
 void ConvertToFp16Cpu(const float* src, uint16_t* dst, int64_t n) {
   cpu::Prims().to_fp16(src, dst, n);
 }

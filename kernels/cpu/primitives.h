@@ -85,6 +85,25 @@ struct Primitives {
   // attention gives them two rows' heads in one call when those fit (0: never). The bits are
   // the same either way.
   int64_t pair_heads = 0;
+  // bf16 attention (opt-in: PagedAttentionArgs::bf16), over a cache that holds bf16 pairs
+  // (kernels/ops.h). Operands are bf16 (Bf16Of below), held as pairs in a uint32 (element 2i in
+  // the low half, 2i + 1 in the high half); products are exact in fp32, and each pair is added to
+  // its fp32 sum as acc = (acc + x1 * y1) + x0 * y0, the order of VDPBF16PS on the hardware this
+  // was written on (AMD Zen 5; the AVX-512 table checks the order at start-up and keeps the
+  // scalar entries if its hardware differs). Every table's entries give the same bits.
+  // qk_bf16: scores[g * ss + j] = sum over dim pairs i < d / 2 of qp[g * d / 2 + i] and key j's
+  //   dims 2i, 2i + 1 at groups[j / 16][i * pair_stride + j % 16], from 0 in pair order;
+  //   row_max[g] = their most over j < n. Groups are read whole (16 readable keys per pair).
+  // pv_bf16: o[g * os + i] += sum over key pairs jp < (n + 1) / 2 of pp[g * pps + jp] (the
+  //   weights of keys 2jp, 2jp + 1) and pairs[jp][i] (their V elements i), in pair order. For an
+  //   odd n the last pair's second key is read as zero (its weight must be zero too).
+  void (*qk_bf16)(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
+                  int64_t pair_stride, int64_t n, float* scores, int64_t ss,
+                  float* row_max) = nullptr;
+  void (*pv_bf16)(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
+                  const uint32_t* const* pairs, int64_t n, float* o, int64_t os) = nullptr;
+  // dst[i] = Bf16Of(src[i]).
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
   // dst[i] = float(fp16 src[i]) (exact).
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   // The same over a 2-D tile: dst[r * dst_stride + c] = float(src[r * src_stride + c]).
@@ -104,6 +123,31 @@ constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace vexp
+
+// x rounded to bf16, to nearest even; a NaN stays a (quiet) NaN; magnitudes below 2^-60 become
+// (signed) zero, so that no product of two operands (|x| >= 2^-60 or an fp16 value) and no sum of
+// such products is ever subnormal: the hardware's flush of subnormals then never applies.
+inline uint16_t Bf16Of(float x) {
+  uint32_t u;
+  static_assert(sizeof u == sizeof x);
+  __builtin_memcpy(&u, &x, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  if ((u & 0x7F800000u) < (67u << 23)) return static_cast<uint16_t>((u >> 16) & 0x8000u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The bf16 entries in plain C++ (the scalar table's; the reference for the AVX-512 ones).
+void GenericQkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
+                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max);
+void GenericPvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
+                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os);
+void GenericToBf16(const float* src, uint16_t* dst, int64_t n);
 
 // PackedTile in plain C++ (the scalar table's entry; the reference for the vector kernels).
 void PackedTileReference(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,

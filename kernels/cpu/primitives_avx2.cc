@@ -980,6 +980,9 @@ const Primitives& Avx2Primitives() {
       .qk_t_f16 = QkTF16,
       .pv = Pv,
       .pv_f16 = PvF16,
+      .qk_bf16 = GenericQkBf16,
+      .pv_bf16 = GenericPvBf16,
+      .to_bf16 = GenericToBf16,
       .f16_to_f32 = F16ToF32,
       .f16_to_f32_tile = F16ToF32Tile,
       .to_fp16 = ToFp16};

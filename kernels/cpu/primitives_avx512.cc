@@ -6,6 +6,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/cpu/q6_k_groups.h"
@@ -703,6 +705,213 @@ KVMESH_AVX512 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
 }
 
+// bf16 attention (primitives.h). Bf16High: Bf16Of on 16 lanes, each result's bits in its lane's
+// high half (the low half zero).
+KVMESH_AVX512 inline __m512i Bf16High(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+  const __mmask16 tiny = _mm512_cmplt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7F800000)),
+                                                 _mm512_set1_epi32(67 << 23));
+  r = _mm512_mask_and_epi32(r, tiny, u, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+}
+
+KVMESH_AVX512 void ToBf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i h = _mm512_srli_epi32(Bf16High(_mm512_loadu_ps(src + i)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(h));
+  }
+  for (; i < n; ++i) dst[i] = Bf16Of(src[i]);
+}
+
+#define KVMESH_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
+
+// acc += the bf16 pairs' products (VDPBF16PS). As inline asm: with the intrinsic, GCC 12 kept a
+// copy of every accumulator on the stack, a store per instruction (twice the time in p.v).
+KVMESH_AVX512_BF16 inline __m512 DotPairs(__m512 acc, __m512i x, __m512i y) {
+  __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
+  return acc;
+}
+
+// q.k over bf16 pairs: GN heads x VN vectors of 16 keys of accumulators in registers, each dim
+// pair's K vectors loaded once for all heads (QkTile's shape at half the instructions).
+template <int GN, int VN>
+KVMESH_AVX512_BF16 void QkBf16Tile(const uint32_t* qp, int64_t dp, const uint32_t* const* kg,
+                                   int64_t kps, int64_t n, float* scores, int64_t ss,
+                                   float* row_max) {
+  __m512 acc[GN][VN];
+  for (int g = 0; g < GN; ++g) {
+    for (int c = 0; c < VN; ++c) acc[g][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < dp; ++i) {
+    __m512i ki[VN];
+    for (int c = 0; c < VN; ++c) ki[c] = _mm512_loadu_si512(kg[c] + i * kps);
+    for (int g = 0; g < GN; ++g) {
+      const __m512i qv = _mm512_set1_epi32(static_cast<int>(qp[g * dp + i]));
+      for (int c = 0; c < VN; ++c) acc[g][c] = DotPairs(acc[g][c], qv, ki[c]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int c = 0; c < VN; ++c) {
+      const int64_t m = std::min<int64_t>(16, n - 16 * c);
+      const auto mask = static_cast<__mmask16>(m >= 16 ? 0xFFFF : (1u << m) - 1);
+      _mm512_mask_storeu_ps(scores + g * ss + 16 * c, mask, acc[g][c]);
+      mx = _mm512_mask_max_ps(mx, mask, mx, acc[g][c]);
+    }
+    row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
+  }
+}
+
+template <int GN>
+KVMESH_AVX512_BF16 void QkBf16Vn(int vn, const uint32_t* qp, int64_t dp, const uint32_t* const* kp,
+                                 int64_t kps, int64_t n, float* scores, int64_t ss, float* mx) {
+  switch (vn) {
+    case 1:
+      return QkBf16Tile<GN, 1>(qp, dp, kp, kps, n, scores, ss, mx);
+    case 2:
+      return QkBf16Tile<GN, 2>(qp, dp, kp, kps, n, scores, ss, mx);
+    case 3:
+      return QkBf16Tile<GN, 3>(qp, dp, kp, kps, n, scores, ss, mx);
+    default:
+      return QkBf16Tile<GN, 4>(qp, dp, kp, kps, n, scores, ss, mx);
+  }
+}
+
+KVMESH_AVX512_BF16 void QkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* kp,
+                               int64_t kps, int64_t n, float* scores, int64_t ss, float* row_max) {
+  const int64_t dp = d / 2;
+  for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
+    const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
+    const uint32_t* q = qp + g0 * dp;
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const int vn = static_cast<int>(std::min<int64_t>(4, (n - j0 + 15) / 16));
+      float* out = scores + g0 * ss + j0;
+      float* mx = row_max + g0;
+      switch (gn) {
+        case 1:
+          QkBf16Vn<1>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+        case 2:
+          QkBf16Vn<2>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+        case 3:
+          QkBf16Vn<3>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+        case 4:
+          QkBf16Vn<4>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+        case 5:
+          QkBf16Vn<5>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+        default:
+          QkBf16Vn<6>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
+          break;
+      }
+    }
+  }
+}
+
+// p.v over bf16 pairs of keys: G heads x 64 dims of accumulators in registers. An odd n's last
+// pair is loaded with its second key's halves zeroed.
+template <int G>
+KVMESH_AVX512_BF16 void PvBf16G(const uint32_t* pp, int64_t pps, const uint32_t* const* vp,
+                                int64_t n, float* o, int64_t os) {
+  __m512 acc[G][4];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
+  }
+  // The whole pairs, then an odd n's last (written out twice: one loop with a mask chosen per
+  // pair made GCC 12 store every accumulator to the stack on each pass).
+  for (int64_t jp = 0; jp < n / 2; ++jp) {
+    __m512i vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_si512(vp[jp] + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[g * pps + jp]));
+      for (int c = 0; c < 4; ++c) acc[g][c] = DotPairs(acc[g][c], w, vv[c]);
+    }
+  }
+  if (n % 2 != 0) {
+    const int64_t jp = n / 2;
+    __m512i vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = _mm512_maskz_loadu_epi16(0x55555555u, vp[jp] + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[g * pps + jp]));
+      for (int c = 0; c < 4; ++c) acc[g][c] = DotPairs(acc[g][c], w, vv[c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
+  }
+}
+
+KVMESH_AVX512_BF16 void PvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
+                               const uint32_t* const* vp, int64_t n, float* o, int64_t os) {
+  if (d != 64) return GenericPvBf16(pp, pps, G, d, vp, n, o, os);
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG, pp += kMaxG * pps, o += kMaxG * os) {
+    switch (std::min(kMaxG, G - g0)) {
+      case 1:
+        PvBf16G<1>(pp, pps, vp, n, o, os);
+        break;
+      case 2:
+        PvBf16G<2>(pp, pps, vp, n, o, os);
+        break;
+      case 3:
+        PvBf16G<3>(pp, pps, vp, n, o, os);
+        break;
+      case 4:
+        PvBf16G<4>(pp, pps, vp, n, o, os);
+        break;
+      case 5:
+        PvBf16G<5>(pp, pps, vp, n, o, os);
+        break;
+      default:
+        PvBf16G<6>(pp, pps, vp, n, o, os);
+        break;
+    }
+  }
+}
+
+// Whether this CPU has VDPBF16PS (CPUID 7.1 EAX bit 5) and it adds a pair in the order the
+// reference does (primitives.h): random operands, the kernels against the scalar entries.
+bool HardwareBf16MatchesReference() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
+  uint32_t rng = 12345;
+  auto next = [&] {
+    rng = rng * 1664525u + 1013904223u;
+    return rng;
+  };
+  auto operand = [&] {  // a bf16 pair of normal values with varied exponents
+    auto one = [&] { return ((next() >> 8) & 0x807Fu) | ((112u + (next() >> 24) % 32u) << 7); };
+    return one() | one() << 16;
+  };
+  constexpr int64_t G = 6, d = 64, n = 63;  // an odd n: the last pair's masked load too
+  std::vector<uint32_t> qp(G * d / 2), kp(d / 2 * 64), pp(G * 32), vp(32 * d);
+  for (auto* v : {&qp, &kp, &pp, &vp}) {
+    for (auto& x : *v) x = operand();
+  }
+  for (int64_t g = 0; g < G; ++g) pp[g * 32 + 31] &= 0xFFFFu;  // key 63's weight: zero
+  const uint32_t* groups[4];
+  for (int c = 0; c < 4; ++c) groups[c] = kp.data() + 16 * c;
+  const uint32_t* pairs[32];
+  for (int jp = 0; jp < 32; ++jp) pairs[jp] = vp.data() + jp * d;
+  std::vector<float> s1(G * n), s2(G * n), o1(G * d, 0.5f), o2(G * d, 0.5f);
+  float m1[G], m2[G];
+  QkBf16(qp.data(), G, d, groups, 64, n, s1.data(), n, m1);
+  GenericQkBf16(qp.data(), G, d, groups, 64, n, s2.data(), n, m2);
+  PvBf16(pp.data(), 32, G, d, pairs, n, o1.data(), d);
+  GenericPvBf16(pp.data(), 32, G, d, pairs, n, o2.data(), d);
+  return std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0 &&
+         std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)) == 0;
+}
 }  // namespace
 
 const Primitives& Avx512Primitives() {
@@ -729,6 +938,11 @@ const Primitives& Avx512Primitives() {
     d.pv_f16 = PvF16;
     d.pair_heads = kMaxG;  // 6 x 4 q.k tiles, 6 heads' p.v in registers
     d.f16_to_f32 = F16ToF32;
+    d.to_bf16 = ToBf16;
+    if (HardwareBf16MatchesReference()) {
+      d.qk_bf16 = QkBf16;
+      d.pv_bf16 = PvBf16;
+    }
     return d;
   }();
   return t;

@@ -193,6 +193,51 @@ void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, i
   }
 }
 
+namespace {
+// One pair's two exact products added to acc, odd element first (primitives.h).
+inline float AddPair(float acc, uint32_t x, uint32_t y) {
+  acc += Bf16ToFloat(static_cast<uint16_t>(x >> 16)) * Bf16ToFloat(static_cast<uint16_t>(y >> 16));
+  return acc + Bf16ToFloat(static_cast<uint16_t>(x)) * Bf16ToFloat(static_cast<uint16_t>(y));
+}
+}  // namespace
+
+void GenericQkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
+                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max) {
+  const int64_t dp = d / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t* k = groups[j / 16] + j % 16;
+      float s = 0.0f;
+      for (int64_t i = 0; i < dp; ++i) s = AddPair(s, qp[g * dp + i], k[i * pair_stride]);
+      scores[g * ss + j] = s;
+      mx = std::max(mx, s);
+    }
+    row_max[g] = mx;
+  }
+}
+
+void GenericPvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
+                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os) {
+  const int64_t n_pairs = (n + 1) / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t i = 0; i < d; ++i) {
+      float acc = o[g * os + i];
+      // VDPBF16PS reads a subnormal accumulator as zero (a record rescaled by a tiny factor).
+      if (std::fpclassify(acc) == FP_SUBNORMAL) acc = std::copysign(0.0f, acc);
+      for (int64_t jp = 0; jp < n_pairs; ++jp) {
+        const uint32_t v = 2 * jp + 1 < n ? pairs[jp][i] : pairs[jp][i] & 0xFFFFu;
+        acc = AddPair(acc, pp[g * pps + jp], v);
+      }
+      o[g * os + i] = acc;
+    }
+  }
+}
+
+void GenericToBf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16Of(src[i]);
+}
+
 const Primitives& ScalarPrimitives() {
   static const Primitives t{.q4_0_a16 = DotQ4_0A16,
                             .q4_1_a16 = DotQ4_1A16,
@@ -211,6 +256,9 @@ const Primitives& ScalarPrimitives() {
                             .qk_t_f16 = GenericQkTF16Of<ScalarPrimitives>,
                             .pv = GenericPv,
                             .pv_f16 = GenericPvF16Of<ScalarPrimitives>,
+                            .qk_bf16 = GenericQkBf16,
+                            .pv_bf16 = GenericPvBf16,
+                            .to_bf16 = GenericToBf16,
                             .f16_to_f32 = F16ToF32,
                             .f16_to_f32_tile = GenericF16ToF32Tile,
                             .to_fp16 = ToFp16};

@@ -98,6 +98,10 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--activation-bits", "12"},
                      "--activation-bits must be 8 or 16, not 12");
   ExpectOneLineError({"run", "--prompt", "x", "--activation-bits", "4"}, "--activation-bits must");
+  ExpectOneLineError({"run", "--prompt", "x", "--attention-bits", "24"},
+                     "--attention-bits must be 16 or 32, not 24");
+  ExpectOneLineError({"run", "--prompt", "x", "--attention-bits", "16", "--block-size", "8"},
+                     "16-bit attention needs a block size that is a multiple of 16, not 8");
   ExpectOneLineError({"run", "--prompt"}, "flag --prompt needs a value");
   ExpectOneLineError({"run", "--chat=yes", "--prompt", "x"}, "flag --chat takes no value");
   ExpectOneLineError({"tokenize", "--model", "/x"}, "--text is required");

@@ -1,11 +1,13 @@
 #include "kernels/ops.h"
 
+#include <cpuid.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -400,11 +402,45 @@ TEST_P(IsaTest, AttentionMatchesNaiveSoftmax) {
 // cascade style), prefill chunks and decode rows mixed, scrambled block ids. Every row must be
 // bit-identical to its sequence run alone (and with another thread count), and close to a naive
 // float64 softmax.
+// Three block tables over a shuffled pool of 3 x per blocks of bs positions (A and B share their
+// first 1300 positions' blocks; C is its own), and six sequences over them as one batch: odd and
+// even key counts, a prefill chunk, rows sharing a prefix.
+struct SharedPrefixBatch {
+  struct S {
+    int64_t tokens, pos0;
+    const std::vector<int32_t>* table;
+  };
+  SharedPrefixBatch(int64_t bs, uint32_t seed) : per(2200 / bs + 1), n_blocks(3 * per) {
+    std::vector<int32_t> perm(n_blocks);
+    for (int32_t i = 0; i < n_blocks; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+    ta.assign(perm.begin(), perm.begin() + per);
+    tb = ta;
+    for (int64_t i = 1300 / bs; i < per; ++i) tb[i] = perm[per + i];
+    tc.assign(perm.begin() + 2 * per, perm.begin() + 3 * per);
+    seqs = {{1, 1700, &ta}, {5, 1290, &tb}, {1, 2100, &tc},
+            {1, 1450, &tb}, {3, 510, &ta},  {1, 40, &tc}};
+    for (const S& q : seqs) {
+      batch.push_back({rows, q.tokens, q.pos0, q.table->data()});
+      rows += q.tokens;
+    }
+  }
+  SharedPrefixBatch(const SharedPrefixBatch&) = delete;
+  SharedPrefixBatch& operator=(const SharedPrefixBatch&) = delete;
+  int64_t per, n_blocks, rows = 0;
+  std::vector<int32_t> ta, tb, tc;
+  std::vector<S> seqs;
+  std::vector<AttentionSeq> batch;
+};
+
 TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
   for (const int64_t bs : {16, 7}) {
     const int64_t n_heads = 9, n_kv = 3, hd = 64, stride = n_kv * hd;
-    const int64_t per = 2200 / bs + 1;  // blocks per table
-    const int64_t n_blocks = 3 * per;
+    const SharedPrefixBatch sb(bs, static_cast<uint32_t>(bs));
+    const int64_t n_blocks = sb.n_blocks, rows = sb.rows;
+    const auto& seqs = sb.seqs;
+    const auto& batch = sb.batch;
+    const auto& tb = sb.tb;
     const auto kf = Randn(n_blocks * bs * stride, 11);
     const auto vf = Randn(n_blocks * bs * stride, 12);
     std::vector<uint16_t> k(kf.size()), v(vf.size());
@@ -412,28 +448,8 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
       k[i] = FloatToFp16(kf[i]);
       v[i] = FloatToFp16(vf[i]);
     }
-    // Block tables: A and B share their first 1300 positions' blocks; C is its own.
-    std::vector<int32_t> perm(n_blocks);
-    for (int32_t i = 0; i < n_blocks; ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), std::mt19937(bs));
-    const int64_t shared = 1300 / bs;
-    std::vector<int32_t> ta(perm.begin(), perm.begin() + per), tb = ta, tc;
-    for (int64_t i = shared; i < per; ++i) tb[i] = perm[per + i];
-    tc.assign(perm.begin() + 2 * per, perm.begin() + 3 * per);
-    struct S {
-      int64_t tokens, pos0;
-      const std::vector<int32_t>* table;
-    };
-    const std::vector<S> seqs = {{1, 1700, &ta}, {5, 1290, &tb}, {1, 2100, &tc},
-                                 {1, 1450, &tb}, {3, 510, &ta},  {1, 40, &tc}};
-    int64_t rows = 0;
-    for (const S& q : seqs) rows += q.tokens;
     const auto q = Randn(rows * n_heads * hd, 13, 0.5f);
     const float scale = 0.125f;
-    std::vector<AttentionSeq> batch;
-    for (int64_t i = 0, r = 0; i < static_cast<int64_t>(seqs.size()); r += seqs[i].tokens, ++i) {
-      batch.push_back({r, seqs[i].tokens, seqs[i].pos0, seqs[i].table->data()});
-    }
     auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows, int th) {
       ThreadPool pool(th);
       std::vector<float> out(n_rows * n_heads * hd, 99.0f);
@@ -525,6 +541,180 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
       EXPECT_LT(RelL2(got, ref), 1e-5) << "block size " << bs << ", sequence " << i;
     }
   }
+}
+
+// bf16 attention (PagedAttentionArgs::bf16) over a cache of bf16 pairs: a batch gives each
+// sequence's bits alone, and the result is near an exact softmax over the cache's bf16 values.
+TEST_P(IsaTest, Bf16PagedAttentionMatchesReferenceAndIsBatchInvariant) {
+  const int64_t bs = 16, n_heads = 9, n_kv = 3, hd = 64, stride = n_kv * hd;
+  const SharedPrefixBatch sb(bs, 5);
+  const int64_t n_blocks = sb.n_blocks, rows = sb.rows;
+  const auto& seqs = sb.seqs;
+  const auto& batch = sb.batch;
+  std::vector<uint16_t> k(n_blocks * bs * stride), v(k.size());
+  const auto kf = Randn(k.size(), 21), vf = Randn(v.size(), 22);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = cpu::Bf16Of(kf[i]);
+    v[i] = cpu::Bf16Of(vf[i]);
+  }
+  // The pair layout (kernels/ops.h): K's dims 2i, 2i + 1 of a slot side by side, V's slots
+  // 2m, 2m + 1 of a dim side by side.
+  auto k_at = [&](int32_t block, int64_t h, int64_t x, int64_t slot) {
+    return block * bs * stride + (h * hd + (x & ~int64_t{1})) * bs + 2 * slot + (x & 1);
+  };
+  auto v_at = [&](int32_t block, int64_t slot, int64_t h, int64_t x) {
+    return block * bs * stride + (slot & ~int64_t{1}) * stride + 2 * (h * hd + x) + (slot & 1);
+  };
+  const auto q = Randn(rows * n_heads * hd, 23, 0.5f);
+  const float scale = 0.125f;
+  auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows, int th) {
+    ThreadPool pool(th);
+    std::vector<float> out(n_rows * n_heads * hd, 99.0f);
+    PagedAttentionCpu({qp, k.data(), v.data(), out.data(), n_heads, n_kv, hd, stride, bs,
+                       bs * stride, b.data(), static_cast<int64_t>(b.size()), scale, 0, 0, 0, true},
+                      pool);
+    return out;
+  };
+  const auto together = run(batch, q.data(), rows, 2);
+  EXPECT_EQ(together, run(batch, q.data(), rows, 1)) << "thread count changed the bits";
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t r0 = batch[i].token0, n = seqs[i].tokens;
+    const size_t len = static_cast<size_t>(n * n_heads * hd);
+    const std::vector<AttentionSeq> one = {{0, n, seqs[i].pos0, seqs[i].table->data()}};
+    const auto alone = run(one, q.data() + r0 * n_heads * hd, n, 2);
+    EXPECT_EQ(0,
+              std::memcmp(alone.data(), together.data() + r0 * n_heads * hd, len * sizeof(float)))
+        << "sequence " << i;
+    // Exact softmax over the bf16 K / V with q rounded to bf16 as the kernel rounds it; what is
+    // left is the weights' rounding to bf16 (2^-9 relative each).
+    std::vector<double> ref(len);
+    const std::vector<float> got(together.begin() + r0 * n_heads * hd,
+                                 together.begin() + r0 * n_heads * hd + len);
+    const auto& table = *seqs[i].table;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t kvh = h / 3, keys = seqs[i].pos0 + t + 1;
+        std::vector<double> sc(keys);
+        double mx = -1e300, z = 0;
+        for (int64_t j = 0; j < keys; ++j) {
+          double dot = 0;
+          for (int64_t x = 0; x < hd; ++x) {
+            const float qs = q[((r0 + t) * n_heads + h) * hd + x] * scale;
+            dot += static_cast<double>(cpu::Bf16ToFloat(cpu::Bf16Of(qs))) *
+                   cpu::Bf16ToFloat(k[k_at(table[j / bs], kvh, x, j % bs)]);
+          }
+          mx = std::max(mx, sc[j] = dot);
+        }
+        for (auto& e : sc) z += (e = std::exp(e - mx));
+        for (int64_t x = 0; x < hd; ++x) {
+          double o = 0;
+          for (int64_t j = 0; j < keys; ++j) {
+            o += sc[j] / z * cpu::Bf16ToFloat(v[v_at(table[j / bs], j % bs, kvh, x)]);
+          }
+          ref[(t * n_heads + h) * hd + x] = o;
+        }
+      }
+    }
+    const double rel = RelL2(got, ref);
+    EXPECT_LT(rel, 5e-3) << "sequence " << i;
+    EXPECT_GT(rel, 1e-7) << "sequence " << i << ": the weights were not rounded to bf16";
+  }
+}
+
+TEST(Bf16, RoundsToNearestEvenFlushesTinyAndKeepsNaN) {
+  EXPECT_EQ(cpu::Bf16Of(1.0f), 0x3F80);
+  EXPECT_EQ(cpu::Bf16Of(-2.0f), 0xC000);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to the even one (1); 1 + 3 * 2^-8 up.
+  EXPECT_EQ(cpu::Bf16Of(1.0f + 0x1p-8f), 0x3F80);
+  EXPECT_EQ(cpu::Bf16Of(1.0f + 3 * 0x1p-8f), 0x3F82);
+  EXPECT_EQ(cpu::Bf16Of(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
+  EXPECT_EQ(cpu::Bf16Of(0x1p-61f), 0x0000);
+  EXPECT_EQ(cpu::Bf16Of(-0x1p-61f), 0x8000);
+  EXPECT_EQ(cpu::Bf16Of(0x1p-60f), cpu::Bf16Of(0x1p-60f) & 0x7FFF);
+  EXPECT_NE(cpu::Bf16Of(0x1p-60f), 0);
+  EXPECT_EQ(cpu::Bf16Of(1e-40f), 0) << "subnormal";
+  const uint16_t nan = cpu::Bf16Of(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(cpu::Bf16ToFloat(nan)));
+  uint32_t sn = 0x7F800001u;  // a signalling NaN whose payload is all below bit 16
+  float snf;
+  std::memcpy(&snf, &sn, sizeof snf);
+  EXPECT_TRUE(std::isnan(cpu::Bf16ToFloat(cpu::Bf16Of(snf))));
+  EXPECT_EQ(cpu::Bf16Of(std::numeric_limits<float>::infinity()), 0x7F80);
+}
+
+// qk_bf16 / pv_bf16 of every table against the scalar entries, bit for bit (with AVX-512 BF16:
+// the VDPBF16PS kernels), over any head count and odd and even key counts.
+TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
+  const auto& p = cpu::Prims();
+  constexpr int64_t d = 64, kMax = 64;
+  std::mt19937 rng(41);
+  auto pairs_of = [&](size_t n, float sc) {
+    std::vector<uint32_t> out(n);
+    const auto lo = Randn(n, rng(), sc), hi = Randn(n, rng(), sc);
+    for (size_t i = 0; i < n; ++i)
+      out[i] = cpu::Bf16Of(lo[i]) | static_cast<uint32_t>(cpu::Bf16Of(hi[i])) << 16;
+    return out;
+  };
+  for (int64_t G : {1, 3, 6, 7, 12}) {
+    for (int64_t n : {1, 2, 15, 16, 33, 63, 64}) {
+      // K: 4 groups of 16 keys, each [d / 2][16] inside a 16-slot block (pair stride 16).
+      const auto kp = pairs_of(4 * d / 2 * 16, 1.0f);
+      const uint32_t* groups[4];
+      for (int c = 0; c < 4; ++c) groups[c] = kp.data() + c * d / 2 * 16;
+      const auto qp = pairs_of(G * d / 2, 0.2f);
+      std::vector<float> s1(G * kMax, 7.0f), s2 = s1, m1(G), m2(G);
+      p.qk_bf16(qp.data(), G, d, groups, 16, n, s1.data(), kMax, m1.data());
+      cpu::GenericQkBf16(qp.data(), G, d, groups, 16, n, s2.data(), kMax, m2.data());
+      ASSERT_EQ(s1, s2) << "qk_bf16, G " << G << " n " << n;
+      ASSERT_EQ(m1, m2) << "qk_bf16 maximum, G " << G << " n " << n;
+      // V: a pair of keys per row, each at its own address; weights with a zero after odd n.
+      auto vp = pairs_of((kMax / 2) * d, 1.0f);
+      const uint32_t* rows[kMax / 2];
+      for (int64_t jp = 0; jp < kMax / 2; ++jp) rows[jp] = vp.data() + (kMax / 2 - 1 - jp) * d;
+      auto pp = pairs_of(G * kMax / 2, 0.5f);
+      if (n % 2 != 0) {
+        for (int64_t g = 0; g < G; ++g) pp[g * kMax / 2 + n / 2] &= 0xFFFFu;
+        // Key n (past the end) holds an infinity, as a stale slot might: never read.
+        uint32_t* last = vp.data() + (kMax / 2 - 1 - n / 2) * d;
+        for (int64_t i = 0; i < d; ++i) last[i] = (last[i] & 0xFFFFu) | 0x7F800000u;
+      }
+      const auto o0 = Randn(G * (d + 2), rng());
+      std::vector<float> o1 = o0, o2 = o0;
+      o1[2] = o2[2] = 1e-40f;  // a subnormal accumulator reads as zero
+      p.pv_bf16(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2);
+      cpu::GenericPvBf16(pp.data(), kMax / 2, G, d, rows, n, o2.data() + 2, d + 2);
+      ASSERT_EQ(o1, o2) << "pv_bf16, G " << G << " n " << n;
+    }
+  }
+}
+
+TEST_P(IsaTest, Bf16ConversionMatchesReference) {
+  const auto& p = cpu::Prims();
+  std::vector<float> x = Randn(1000, 31, 3.0f);
+  std::mt19937 rng(32);
+  for (int i = 0; i < 1000; ++i) {  // any bit pattern
+    const uint32_t u = rng();
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+  }
+  for (float f : {0.0f, -0.0f, 1e-40f, -1e-40f, 0x1p-60f, 0x1p-61f, 1.0f + 0x1p-8f, 3.4e38f,
+                  std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(f);
+  std::vector<uint16_t> got(x.size());
+  p.to_bf16(x.data(), got.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], cpu::Bf16Of(x[i])) << "element " << i;
+}
+
+// Where the CPU has AVX-512 BF16, the AVX-512 table runs VDPBF16PS (its start-up check that the
+// instruction adds a pair in the reference's order passed), not the scalar emulation.
+TEST(Bf16, HardwareKernelsInUseWhereTheCpuHasThem) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool has = DetectedIsa() == Isa::kAvx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+                   (a & (1u << 5)) != 0;
+  if (!has) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  EXPECT_NE(cpu::Avx512Primitives().qk_bf16, &cpu::GenericQkBf16);
+  EXPECT_NE(cpu::Avx512Primitives().pv_bf16, &cpu::GenericPvBf16);
 }
 
 TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {

@@ -14,23 +14,31 @@
 namespace kvmesh::serving {
 namespace {
 
-// Every test runs with 16-bit activations (the default) and 8-bit ones (--activation-bits 8):
-// batch invariance and reuse must hold for either numerics.
+// Every test runs with 16-bit activations (the default), 8-bit ones (--activation-bits 8) and
+// bf16 attention (--attention-bits 16): batch invariance and reuse must hold for each numerics.
+// The parameter indexes kNumerics.
+struct Numerics {
+  int activation_bits, attention_bits;
+  const char* name;
+};
+constexpr Numerics kNumerics[] = {{16, 32, "a16"}, {8, 32, "a8"}, {16, 16, "a16_attn16"}};
+
 class Serving : public ::testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     const std::string path = testing::RealModelPath();
     if (path.empty()) return;
-    for (int bits : {16, 8}) {
+    for (int i = 0; i < 3; ++i) {
       worker::EngineOptions o;
       o.model_path = path;
       o.threads = 2;
       o.ctx_size = 4096;
       o.kv_cache_bytes = 64ll << 20;  // 182 blocks of 16 tokens
-      o.activation_bits = bits;
+      o.activation_bits = kNumerics[i].activation_bits;
+      o.attention_bits = kNumerics[i].attention_bits;
       auto e = worker::Engine::Create(o);
       ASSERT_TRUE(e.ok()) << e.status();
-      engines_[bits == 8] = std::move(*e).release();
+      engines_[i] = std::move(*e).release();
     }
   }
   static void TearDownTestSuite() {
@@ -40,7 +48,7 @@ class Serving : public ::testing::TestWithParam<int> {
     }
   }
   void SetUp() override {
-    engine_ = engines_[GetParam() == 8];
+    engine_ = engines_[GetParam()];
     if (engine_ == nullptr) {
       GTEST_SKIP() << "SmolLM2 model not found: run scripts/model_pull.sh (or set KVMESH_MODEL)";
     }
@@ -90,15 +98,15 @@ class Serving : public ::testing::TestWithParam<int> {
     }
     return doc;
   }
-  static worker::Engine* engines_[2];
+  static worker::Engine* engines_[3];
   static worker::Engine* engine_;  // this test's
 };
-worker::Engine* Serving::engines_[2] = {nullptr, nullptr};
+worker::Engine* Serving::engines_[3] = {nullptr, nullptr, nullptr};
 worker::Engine* Serving::engine_ = nullptr;
 
-INSTANTIATE_TEST_SUITE_P(ActivationBits, Serving, ::testing::Values(16, 8),
+INSTANTIATE_TEST_SUITE_P(Numerics, Serving, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
-                           return "a" + std::to_string(i.param);
+                           return std::string(kNumerics[i.param].name);
                          });
 
 // One document, several questions as independent requests: the document's blocks are computed
@@ -248,7 +256,7 @@ TEST_P(Serving, ForcedPreemptionLeavesGreedyOutputsUnchanged) {
 // The two numerics are different engines: different logits, different block names (a block
 // computed under one must never be reused under the other, e.g. from the disk tier).
 TEST_P(Serving, ActivationBitsChangeTheNumericsAndTheBlockNames) {
-  if (GetParam() != 8) GTEST_SKIP() << "compares the two engines once";
+  if (GetParam() != 1) GTEST_SKIP() << "compares the two engines once";
   if (!kernels::PackedKernelIsFast()) {
     EXPECT_EQ(engine_->activation_bits(), 16) << "nothing is packed on this ISA";
     GTEST_SKIP() << "this ISA has no packed kernels, so 8-bit activations do not apply";
@@ -263,6 +271,23 @@ TEST_P(Serving, ActivationBitsChangeTheNumericsAndTheBlockNames) {
   ASSERT_EQ(la->first_logits.size(), lb->first_logits.size());
   EXPECT_NE(0, std::memcmp(la->first_logits.data(), lb->first_logits.data(),
                            la->first_logits.size() * sizeof(float)));
+}
+
+// bf16 attention likewise: its own block names (the cache holds bf16 pairs, not fp16), other
+// logits, and the same greedy answer to a plain question.
+TEST_P(Serving, AttentionBitsChangeTheNumericsAndTheBlockNames) {
+  if (GetParam() != 2) GTEST_SKIP() << "compares the two engines once";
+  EXPECT_EQ(engines_[0]->attention_bits(), 32);
+  EXPECT_EQ(engines_[2]->attention_bits(), 16);
+  EXPECT_NE(engines_[0]->cache_salt(), engines_[2]->cache_salt());
+  const Request r = Greedy(Chat({{"user", "What is the capital of France?"}}), 8);
+  ServingEngine a(*engines_[0], {}), b(*engines_[2], {});
+  const auto la = a.Generate(r), lb = b.Generate(r);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  ASSERT_EQ(la->first_logits.size(), lb->first_logits.size());
+  EXPECT_NE(0, std::memcmp(la->first_logits.data(), lb->first_logits.data(),
+                           la->first_logits.size() * sizeof(float)));
+  EXPECT_EQ(la->tokens, lb->tokens);
 }
 
 TEST_P(Serving, RejectsRequestsThatCannotFitAndKeepsServing) {

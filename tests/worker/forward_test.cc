@@ -97,6 +97,72 @@ double Top20RelL2(const std::vector<float>& logits, const json& reference) {
   return RelL2(got.data(), ref.data(), got.size());
 }
 
+// How many of `tokens` are the exact reference's greedy tokens; a divergence is accepted (and
+// ends the count) where the reference's top two logits are within max_gap.
+size_t GreedyAgreement(const json& c, const std::vector<int32_t>& tokens, double max_gap) {
+  const auto greedy = c.at("exact").at("greedy").get<std::vector<int32_t>>();
+  const auto gaps = c.at("exact").at("greedy_gaps").get<std::vector<double>>();
+  size_t same = 0;
+  for (; same < std::min(greedy.size(), tokens.size()); ++same) {
+    if (tokens[same] == greedy[same]) continue;
+    EXPECT_LT(gaps[same], max_gap)
+        << "greedy token " << same << " is " << tokens[same] << ", reference " << greedy[same]
+        << " with a top-2 gap of " << gaps[same];
+    break;
+  }
+  return same;
+}
+
+// For numerics other than the default: every fixture prompt's logits no further from the exact
+// result, nor from llama.cpp's top 20, than twice llama.cpp's own distance from exact (plus a
+// little); with greedy_tokens > 0, that many greedy tokens as the exact reference (up to a
+// near-tie). Returns the largest distance from exact (to show the numerics differ).
+double ExpectNearBothReferences(serving::ServingEngine& se, const char* label, int greedy_tokens) {
+  const json fx = json::parse(testing::ReadFile(testing::FixturePath("forward_cases.json")));
+  const std::string blob = testing::ReadFile(testing::FixturePath(fx.at("logits_file")));
+  const size_t n_vocab = fx.at("n_vocab");
+  double worst = 0;
+  for (size_t ci = 0; ci < fx.at("cases").size(); ++ci) {
+    const json& c = fx.at("cases")[ci];
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    const auto ids = c.at("prompt_ids").get<std::vector<int32_t>>();
+    auto logits = se.LastLogits(ids);
+    if (!logits.ok()) {
+      ADD_FAILURE() << logits.status();
+      continue;
+    }
+    std::vector<float> exact(n_vocab);
+    std::memcpy(exact.data(), blob.data() + ci * n_vocab * sizeof(float), n_vocab * sizeof(float));
+    const double rel = RelL2(logits->data(), exact.data(), n_vocab);
+    const json& lc = c.at("llama_cpp");
+    const double bound = 2 * lc.at("rel_l2_to_exact").get<double>() + 1e-2;
+    EXPECT_LT(rel, bound) << "vs exact float64";
+    worst = std::max(worst, rel);
+    const double lc_rel = Top20RelL2(*logits, lc);
+    EXPECT_LT(lc_rel, bound) << "top-20 vs llama.cpp";
+    std::string greedy;
+    if (greedy_tokens > 0) {
+      serving::Request req;
+      req.prompt = ids;
+      req.max_tokens = greedy_tokens;
+      req.sampling.temperature = 0;
+      auto r = se.Generate(req);
+      if (!r.ok()) {
+        ADD_FAILURE() << r.status();
+        continue;
+      }
+      greedy = ", greedy " + std::to_string(GreedyAgreement(c, r->tokens, 0.1)) + "/" +
+               std::to_string(r->tokens.size()) + " exact";
+    }
+    std::printf(
+        "  %-15s %4zu tokens  %s: rel-L2 vs exact %.2e, vs llama.cpp top-20 %.2e (llama.cpp vs "
+        "exact %.2e)%s\n",
+        c.at("name").get<std::string>().c_str(), ids.size(), label, rel, lc_rel,
+        lc.at("rel_l2_to_exact").get<double>(), greedy.c_str());
+  }
+  return worst;
+}
+
 TEST_F(RealModel, MatchesExactAndLlamaCppReferences) {
   const json fx = json::parse(testing::ReadFile(testing::FixturePath("forward_cases.json")));
   const std::string blob = testing::ReadFile(testing::FixturePath(fx.at("logits_file")));
@@ -147,18 +213,7 @@ TEST_F(RealModel, MatchesExactAndLlamaCppReferences) {
     auto r = serving_->Generate(req);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(r->status.ok()) << r->status;
-    const auto greedy = c.at("exact").at("greedy").get<std::vector<int32_t>>();
-    const auto gaps = c.at("exact").at("greedy_gaps").get<std::vector<double>>();
-    size_t same = 0;
-    for (size_t i = 0; i < std::min(greedy.size(), r->tokens.size()); ++i) {
-      if (r->tokens[i] == greedy[i]) {
-        ++same;
-        continue;
-      }
-      EXPECT_LT(gaps[i], 0.05) << "greedy token " << i << " is " << r->tokens[i] << ", reference "
-                               << greedy[i] << " with a top-2 gap of " << gaps[i];
-      break;
-    }
+    const size_t same = GreedyAgreement(c, r->tokens, 0.05);
     // We stop at an end-of-generation token; the reference runs on. Either way, all of ours
     // up to the stop matched (or diverged at a near-tie, checked above).
     if (same == r->tokens.size()) {
@@ -191,33 +246,23 @@ TEST_F(RealModel, EightBitActivationsStayNearBothReferences) {
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_EQ((*e)->activation_bits(), 8);
   serving::ServingEngine se(**e, {});
-  const json fx = json::parse(testing::ReadFile(testing::FixturePath("forward_cases.json")));
-  const std::string blob = testing::ReadFile(testing::FixturePath(fx.at("logits_file")));
-  const size_t n_vocab = fx.at("n_vocab");
-  double worst = 0;
-  for (size_t ci = 0; ci < fx.at("cases").size(); ++ci) {
-    const json& c = fx.at("cases")[ci];
-    SCOPED_TRACE(c.at("name").get<std::string>());
-    const auto ids = c.at("prompt_ids").get<std::vector<int32_t>>();
-    auto logits = se.LastLogits(ids);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    std::vector<float> exact(n_vocab);
-    std::memcpy(exact.data(), blob.data() + ci * n_vocab * sizeof(float), n_vocab * sizeof(float));
-    const double rel = RelL2(logits->data(), exact.data(), n_vocab);
-    const json& lc = c.at("llama_cpp");
-    // No further from the exact result than twice llama.cpp's own distance (plus a little).
-    EXPECT_LT(rel, 2 * lc.at("rel_l2_to_exact").get<double>() + 1e-2) << "vs exact float64";
-    worst = std::max(worst, rel);
-    const double lc_rel = Top20RelL2(*logits, lc);
-    EXPECT_LT(lc_rel, 2 * lc.at("rel_l2_to_exact").get<double>() + 1e-2) << "top-20 vs llama.cpp";
-    std::printf(
-        "  %-15s %4zu tokens  8-bit activations: rel-L2 vs exact %.2e, vs llama.cpp top-20 "
-        "%.2e (llama.cpp vs exact %.2e)\n",
-        c.at("name").get<std::string>().c_str(), ids.size(), rel, lc_rel,
-        lc.at("rel_l2_to_exact").get<double>());
-  }
   // Not the 16-bit numerics under another name.
-  EXPECT_GT(worst, 1e-3);
+  EXPECT_GT(ExpectNearBothReferences(se, "8-bit activations", 0), 1e-3);
+}
+
+// bf16 attention (--attention-bits 16: q, K, the weights and V rounded to bf16, as
+// FlashAttention computes a bf16 model on GPUs): further from the exact result than fp32
+// attention, near both references, and the exact reference's greedy tokens (up to near-ties).
+TEST_F(RealModel, Bf16AttentionStaysNearBothReferences) {
+  EngineOptions o;
+  o.model_path = testing::RealModelPath();
+  o.attention_bits = 16;
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ((*e)->attention_bits(), 16);
+  serving::ServingEngine se(**e, {});
+  EXPECT_GT(ExpectNearBothReferences(se, "bf16 attention", 16), 1e-3)
+      << "not the fp32 numerics under another name";
 }
 
 TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
