@@ -13,6 +13,8 @@
 //       [--decode-only]  (skip the TTFT runs) [--reps 3]  (decode runs per concurrency,
 //       interleaved; medians reported) [--activation-bits 16|8]  (kernels/packed.h ActBits)
 //       [--attention-bits 32|16]  (16: bf16 operands; worker/engine.h EngineOptions)
+//       [--compare-attention]  (a second engine with bf16 attention, its decode runs interleaved
+//       with the first's: both rates and their ratios from one run)
 //       [--phases]  (time the forward by phase: the decode steps' mean per phase, per
 //       concurrency; worker/phase_times.h)
 #include <algorithm>
@@ -196,7 +198,7 @@ int Main(int argc, char** argv) {
       argc, argv, 1,
       {"model", "threads", "contexts", "kind", "concurrency", "decode-tokens", "kv-cache-mem",
        "reps", "activation-bits", "attention-bits"},
-      {"json", "decode-only", "phases"});
+      {"json", "decode-only", "phases", "compare-attention"});
   if (!f.ok()) return coordinator::Fail(f.status());
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
@@ -208,6 +210,14 @@ int Main(int argc, char** argv) {
   auto engine = worker::Engine::Create(o);
   if (!engine.ok()) return coordinator::Fail(engine.status());
   worker::Engine& e = **engine;
+  std::unique_ptr<worker::Engine> bf16_engine;
+  if (f->Has("compare-attention")) {
+    worker::EngineOptions ob = o;
+    ob.attention_bits = 16;
+    auto b = worker::Engine::Create(ob);
+    if (!b.ok()) return coordinator::Fail(b.status());
+    bf16_engine = std::move(*b);
+  }
   const std::string kind = f->String("kind", "kv");
   if (kind != "kv" && kind != "code" && kind != "prose") {
     return coordinator::Fail(absl::InvalidArgumentError("--kind must be kv, code or prose"));
@@ -277,13 +287,18 @@ int Main(int argc, char** argv) {
     }
     // Repetitions interleave the concurrencies (1, 4, 16, 1, 4, 16, ...), so drift of the
     // machine touches every column alike; medians and ratios of medians are reported.
-    std::map<int, std::vector<double>> rates;
-    std::map<int, worker::PhaseTimes> phases;
+    // With --compare-attention the bf16 engine's run follows each of the first engine's.
+    std::map<int, std::vector<double>> rates, rates_b;
+    std::map<int, worker::PhaseTimes> phases, phases_b;
     for (int rep = 0; rep < reps; ++rep) {
       for (int n : conc) {
         auto rate = DecodeRate(e, w, n, decode_tokens, &phases[n]);
         if (!rate.ok()) return coordinator::Fail(rate.status());
         rates[n].push_back(*rate);
+        if (bf16_engine == nullptr) continue;
+        auto rb = DecodeRate(*bf16_engine, w, n, decode_tokens, &phases_b[n]);
+        if (!rb.ok()) return coordinator::Fail(rb.status());
+        rates_b[n].push_back(*rb);
       }
     }
     const double single = rates.count(1) ? bench::Median(rates[1]) : 0;
@@ -315,6 +330,37 @@ int Main(int argc, char** argv) {
         }
       }
       out["decode"].push_back(row);
+    }
+    if (bf16_engine != nullptr) {
+      const double single_b = rates_b.count(1) ? bench::Median(rates_b[1]) : 0;
+      for (int n : conc) {
+        const double m = bench::Median(rates_b[n]), m_a = bench::Median(rates[n]);
+        const auto [lo, hi] = std::minmax_element(rates_b[n].begin(), rates_b[n].end());
+        if (!as_json) {
+          std::printf(
+              "decode, %2d concurrent sequences, bf16 attention: %.1f tokens/s (median of %d, "
+              "%.1f-%.1f), %.3fx the default's%s\n",
+              n, m, reps, *lo, *hi, m / m_a,
+              single > 0 && single_b > 0 && n > 1
+                  ? StrCat("; ", m / single_b, "x one bf16 sequence, ", m / single,
+                           "x one default sequence")
+                        .c_str()
+                  : "");
+        }
+        json row = {{"context", ctx},    {"sequences", n},        {"attention_bits", 16},
+                    {"tokens_per_s", m}, {"samples", rates_b[n]}, {"vs_default", m / m_a}};
+        if (const worker::PhaseTimes& p = phases_b[n]; o.phase_times && p.forwards > 0) {
+          const double attn = 1e3 * p[worker::Phase::kAttention] / static_cast<double>(p.forwards);
+          const double step = 1e3 * p.total() / static_cast<double>(p.forwards);
+          row["step_ms"] = {{"attention", attn}, {"total", step}};
+          if (!as_json) {
+            std::printf("  per step (ms, mean of %lld steps): attention %s; forward %s\n",
+                        static_cast<long long>(p.forwards), Fixed(attn, 2).c_str(),
+                        Fixed(step, 2).c_str());
+          }
+        }
+        out["decode"].push_back(row);
+      }
     }
   }
   if (as_json) std::cout << out.dump(2) << "\n";

@@ -90,7 +90,12 @@ struct PagedAttentionArgs {
   // bf16 attention (opt-in): q (scaled), K, the softmax weights and V rounded to bf16, products
   // exact, sums in fp32 (kernels/cpu/primitives.h qk_bf16 / pv_bf16): the numerics of
   // FlashAttention on GPUs serving a bf16 model, at twice the multiply-add rate on CPUs with
-  // AVX-512 BF16. Off: the fp16 cache's values with fp32 arithmetic.
+  // AVX-512 BF16. Off: the fp16 cache's values with fp32 arithmetic. On, the cache holds bf16
+  // pairs (same offsets of blocks, heads and the K / V halves; block_size a multiple of 16, even
+  // head_dim): K's dims 2i, 2i + 1 of slot p side by side at
+  //   k + block * block_stride + (h * head_dim + 2i) * block_size + 2p (+ 1 for dim 2i + 1),
+  // V's slots 2m, 2m + 1 of dim i side by side at
+  //   v + block * block_stride + 2m * pos_stride + 2 * (h * head_dim + i) (+ 1 for slot 2m + 1).
   bool bf16 = false;
 };
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool);

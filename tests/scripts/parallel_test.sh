@@ -108,22 +108,26 @@ PY
   echo "batch tp=$tp pp=$pp: 5 requests batched with preemption = alone = single process ($(grep -o 'requests in.*' "$work/err"))"
 done
 
-# The same with 8-bit activations (--activation-bits 8) under tp = 2: batched with preemption
-# = each request alone under tp = 2. (Not = the single process: the row-parallel products sum
-# their halves in another order, and 8-bit rounding turns such last-bit differences into
-# different greedy tokens: on an AVX-512 machine "Say hello in French." parts at its 8th token.)
-"${mpi[@]}" -np 2 "$bin" run --tp 2 "${batch[@]}" --max-seqs 1 --no-prefix-reuse --activation-bits 8 \
-  >"$work/batch.ref8" 2>/dev/null || fail "batch alone tp=2, 8-bit activations"
-"${mpi[@]}" -np 2 "$bin" run --tp 2 "${batch[@]}" --max-seqs 8 --max-batched-tokens 64 --kv-cache-mem 8 \
-  --test-preempt 0.5 --activation-bits 8 >"$work/batch.a8" 2>"$work/err" ||
-  fail "batch tp=2, 8-bit activations: $(tail -n 3 "$work/err")"
-python3 - "$work/batch.ref8" "$work/batch.a8" <<'PY' || fail "batch tp=2 with 8-bit activations differs"
+# The same with 8-bit activations (--activation-bits 8) and with bf16 attention
+# (--attention-bits 16) under tp = 2: batched with preemption = each request alone under tp = 2.
+# (Not = the single process: the row-parallel products sum their halves in another order, and
+# 8-bit rounding turns such last-bit differences into different greedy tokens: on an AVX-512
+# machine "Say hello in French." parts at its 8th token.)
+for numerics in "--activation-bits 8" "--attention-bits 16"; do
+  read -r flag value <<<"$numerics"
+  "${mpi[@]}" -np 2 "$bin" run --tp 2 "${batch[@]}" --max-seqs 1 --no-prefix-reuse "$flag" "$value" \
+    >"$work/batch.ref.n" 2>/dev/null || fail "batch alone tp=2, $numerics"
+  "${mpi[@]}" -np 2 "$bin" run --tp 2 "${batch[@]}" --max-seqs 8 --max-batched-tokens 64 --kv-cache-mem 8 \
+    --test-preempt 0.5 "$flag" "$value" >"$work/batch.n" 2>"$work/err" ||
+    fail "batch tp=2, $numerics: $(tail -n 3 "$work/err")"
+  python3 - "$work/batch.ref.n" "$work/batch.n" <<'PY' || fail "batch tp=2 with $numerics differs"
 import json, sys
 ref, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "batched tp=2 differs from alone"
 assert sum(r["preemptions"] for r in got) > 0, "nothing was preempted"
 PY
-echo "batch tp=2, 8-bit activations: batched with preemption = each request alone"
+  echo "batch tp=2, $numerics: batched with preemption = each request alone"
+done
 
 # Data parallelism: dp = 2 (and dp = 2 x tp = 2, dp = 2 x pp = 2) replicas, the coordinator routing requests
 # between them: the same tokens as the single process, both replicas used, and a session kept on
