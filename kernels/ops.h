@@ -96,6 +96,7 @@ struct PagedAttentionArgs {
   //   k + block * block_stride + (h * head_dim + 2i) * block_size + 2p (+ 1 for dim 2i + 1),
   // V's slots 2m, 2m + 1 of dim i side by side at
   //   v + block * block_stride + 2m * pos_stride + 2 * (h * head_dim + i) (+ 1 for slot 2m + 1).
+  // Callers check block_size and head_dim (worker::Engine::Create does); the kernels do not.
   bool bf16 = false;
 };
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool);

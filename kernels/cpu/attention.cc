@@ -90,7 +90,15 @@ void ForEachLine(const PagedAttentionArgs& a, const uint16_t* kbase, const uint1
     // K: head_dim rows of the run's keys, block_size apart: one span from the first row's first
     // key to the last row's last while rows are at most a line (the span then wastes nothing),
     // else row by row; V: len rows of head_dim, pos_stride apart.
-    if (a.block_size * static_cast<int64_t>(sizeof(uint16_t)) <= kLineBytes) {
+    if (a.bf16) {  // K as pairs of dims: pair i's slots at 2 * i * block_size + 2 * slot
+      const uint16_t* k0 = kbase + runs[r].k_at + runs[r].slot;
+      if (a.block_size * static_cast<int64_t>(sizeof(uint32_t)) <= kLineBytes) {
+        span(k0, (a.head_dim - 2) * a.block_size + 2 * runs[r].len);
+      } else {
+        for (int64_t i = 0; i < a.head_dim / 2; ++i)
+          span(k0 + 2 * i * a.block_size, 2 * runs[r].len);
+      }
+    } else if (a.block_size * static_cast<int64_t>(sizeof(uint16_t)) <= kLineBytes) {
       span(kbase + runs[r].k_at, (a.head_dim - 1) * a.block_size + runs[r].len);
     } else {
       for (int64_t i = 0; i < a.head_dim; ++i)
