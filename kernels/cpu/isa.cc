@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/primitives.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -27,7 +29,7 @@ Isa Detect() {
   const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) &&
                       (b & (1u << 31)) && (c & (1u << 11));
   // ... and the OS must save the opmask and ZMM state (XCR0 bits 5..7).
-  if (avx512 && (xcr0_lo & 0xE0u) == 0xE0u) return Isa::kAvx512;
+  if (avx512 && (xcr0_lo & 0xE0u) == 0xE0u) return cpu::AmxUsable() ? Isa::kAmx : Isa::kAvx512;
   return Isa::kAvx2;
 #endif
   return Isa::kScalar;
@@ -38,7 +40,7 @@ int Level(Isa i) { return static_cast<int>(i); }
 Isa Initial() {
   const Isa best = Detect();
   if (const char* env = std::getenv("KVMESH_ISA")) {
-    for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
       if (IsaName(i) == env && Level(i) <= Level(best)) return i;
     }
   }
@@ -59,6 +61,8 @@ bool SetIsa(Isa isa) {
 
 std::string_view IsaName(Isa isa) {
   switch (isa) {
+    case Isa::kAmx:
+      return "amx";
     case Isa::kAvx512:
       return "avx512";
     case Isa::kAvx2:

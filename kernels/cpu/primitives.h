@@ -183,6 +183,11 @@ void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block
 const Primitives& ScalarPrimitives();
 const Primitives& Avx2Primitives();
 const Primitives& Avx512Primitives();
+// The AVX-512 table with the 16-bit packed products on AMX tiles (primitives_amx.cc); only where
+// AmxUsable(): the CPU has AMX-TILE, AMX-INT8 and AVX-512 VBMI, and the OS granted this process
+// the tile state (asked for on the first call).
+const Primitives& AmxPrimitives();
+bool AmxUsable();
 // The table of the active ISA.
 const Primitives& Prims();
 

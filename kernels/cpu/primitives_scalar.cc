@@ -267,6 +267,8 @@ const Primitives& ScalarPrimitives() {
 
 const Primitives& Prims() {
   switch (ActiveIsa()) {
+    case Isa::kAmx:
+      return AmxPrimitives();
     case Isa::kAvx512:
       return Avx512Primitives();
     case Isa::kAvx2:

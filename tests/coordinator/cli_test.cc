@@ -248,7 +248,8 @@ TEST(Cli, RealModelCommands) {
   const auto j = nlohmann::json::parse(js.out);
   EXPECT_EQ(j.at("tokens").size(), 5u);
   EXPECT_EQ(j.at("prompt_ids"), nlohmann::json({19556}));
-  EXPECT_TRUE(j.at("isa") == "avx512" || j.at("isa") == "avx2" || j.at("isa") == "scalar");
+  EXPECT_TRUE(j.at("isa") == "amx" || j.at("isa") == "avx512" || j.at("isa") == "avx2" ||
+              j.at("isa") == "scalar");
   EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
   const Result again = Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
                                "--temperature", "0.7", "--seed", "3", "--json"});

@@ -188,6 +188,13 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ4_1, 16, 64, 4},
       {DType::kQ4_0, 16, 64, 5},
       {DType::kQ8_0, 16, 64, 4},
+      // AMX (8 tokens and more): full 16-token tiles, a tile of 8-15, a tail of 1-7 on AVX-512.
+      {DType::kQ4_1, 48, 576, 16},
+      {DType::kQ4_0, 32, 128, 33},
+      {DType::kQ8_0, 32, 96, 21},
+      {DType::kQ4_1, 16, 64, 30},
+      {DType::kQ4_0, 16, 64, 8},
+      {DType::kQ8_0, 16, 64, 12},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -710,11 +717,20 @@ TEST_P(IsaTest, Bf16ConversionMatchesReference) {
 // instruction adds a pair in the reference's order passed), not the scalar emulation.
 TEST(Bf16, HardwareKernelsInUseWhereTheCpuHasThem) {
   unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool has = DetectedIsa() == Isa::kAvx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+  const bool has = DetectedIsa() >= Isa::kAvx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
                    (a & (1u << 5)) != 0;
   if (!has) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
   EXPECT_NE(cpu::Avx512Primitives().qk_bf16, &cpu::GenericQkBf16);
   EXPECT_NE(cpu::Avx512Primitives().pv_bf16, &cpu::GenericPvBf16);
+}
+
+// Where the CPU has AMX-INT8 and Linux grants the tile state, the detected level is amx and its
+// table runs the packed products on tiles (not the AVX-512 kernel under another name).
+TEST(Amx, TileKernelsInUseWhereTheCpuHasThem) {
+  if (!cpu::AmxUsable()) GTEST_SKIP() << "this CPU has no AMX-INT8 and VBMI, or the OS refused it";
+  EXPECT_EQ(DetectedIsa(), Isa::kAmx);
+  EXPECT_NE(cpu::AmxPrimitives().packed_tile, cpu::Avx512Primitives().packed_tile);
+  EXPECT_EQ(cpu::AmxPrimitives().packed_tile_a8, cpu::Avx512Primitives().packed_tile_a8);
 }
 
 TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
@@ -896,7 +912,8 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, IsaTest, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(Isas, IsaTest,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
 TEST(Elementwise, RmsNormMatchesReference) {

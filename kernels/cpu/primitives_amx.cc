@@ -1,0 +1,256 @@
+// The AMX table: the AVX-512 table with the 16-bit packed products run on AMX tiles.
+//
+// A packed group-block (16 rows x 32 elements, kernels/packed.h) against 16 tokens is one tile
+// product with K = 32: C[token, row] = sum_e A[token, e] * B[e, row]. AMX multiplies bytes, and
+// the 16-bit activations are split exactly into bytes, a = 256 * hi + lo with hi signed and lo
+// unsigned, so per block
+//   s = 256 * (A_hi . B) + (A_lo . B)
+// with both int32 sums exact (|s| < 2^28): the block's dot product to the bit, as VPDPWSSD
+// leaves it. The fp32 steps after it are PackedTileReference's, lane for lane, so this table
+// gives the same bits as every other one.
+//
+// Per block: the tokens' activations are rearranged into [lo x 32 | hi x 32] rows (one VPERMB
+// each), the group-block's weights widened into B's layout (8 rows of 16 columns x 4 bytes:
+// row p, column r = row r's elements 4p..4p+3), two TDPB*D products, the two C tiles stored and
+// each token's 16 lanes scaled as the AVX-512 kernel scales its registers. Fewer tokens than
+// kMinTokens run the AVX-512 kernel (the tile work does not pay for itself there).
+// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <cpuid.h>
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/primitives.h"
+#include "kernels/packed.h"
+
+// The kernels' ISA, for everything up to the end of the anonymous namespace (lambdas included);
+// the detection and the table after it run on any CPU.
+#pragma GCC push_options
+#pragma GCC target( \
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8")
+
+namespace kvmesh::kernels::cpu {
+namespace {
+
+constexpr int kMinTokens = 8;
+constexpr int kTileTokens = 16;
+
+// Tiles: 0 / 1 the C tiles of lo and hi (even blocks), 5 / 6 (odd blocks), 2 / 3 A's lo and hi,
+// 4 B.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Loads the tile configuration for `tokens` A / C rows unless this thread's is already it (the
+// configuration is per thread and survives context switches; nothing else here loads one).
+void Configure(int tokens) {
+  thread_local int configured = 0;
+  if (configured == tokens) return;
+  TileConfig c;
+  c.colsb[0] = c.colsb[1] = 64;  // C: tokens x 16 int32
+  c.rows[0] = c.rows[1] = static_cast<uint8_t>(tokens);
+  c.colsb[5] = c.colsb[6] = 64;
+  c.rows[5] = c.rows[6] = static_cast<uint8_t>(tokens);
+  c.colsb[2] = c.colsb[3] = 32;  // A: tokens x 32 bytes
+  c.rows[2] = c.rows[3] = static_cast<uint8_t>(tokens);
+  c.colsb[4] = 64;  // B: 8 rows (K / 4) x 16 columns of 4 bytes
+  c.rows[4] = 8;
+  _tile_loadconfig(&c);
+  configured = tokens;
+}
+
+// The group-block's quants as B: row p, column r holds row r's elements 4p..4p+3.
+template <DType T>
+inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
+  if constexpr (T == DType::kQ8_0) {
+    // Chunk k's bytes 2r, 2r + 1 are row r's elements 2k, 2k + 1: chunks 2p and 2p + 1 side by
+    // side per row.
+    for (int p = 0; p < 8; ++p) {
+      const __m512i lo =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p)));
+      const __m512i hi = _mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32)));
+      _mm512_store_si512(b + 64 * p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  } else {
+    // Chunk p's byte 2r + j holds row r's element 4p + j (low nibble) and 4p + 2 + j (high):
+    // widened, dword r = b0 | b1 << 8 becomes lo(b0) | lo(b1) << 8 | hi(b0) << 16 | hi(b1) << 24.
+    const __m512i mask = _mm512_set1_epi32(0x0F0F0F0F);
+    for (int p = 0; p < 8; ++p) {
+      const __m512i t =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p)));
+      // (t | t << 12) & mask
+      _mm512_store_si512(b + 64 * p,
+                         _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(t, 12), mask, 0xA8));
+    }
+  }
+}
+
+// `tokens` (kMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
+// block b + 1's tile products are issued before block b's C tiles are scaled, so the tile unit
+// and the vector units work at once (C tiles and buffers alternate between even and odd blocks).
+template <DType T>
+void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride, int tokens,
+             float* out, int64_t ldo, const uint8_t* ahead) {
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1, kOffset = T == DType::kQ4_0;
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  constexpr int kScales = kMin ? 64 : 32;
+  alignas(64) uint8_t at[3][kTileTokens][64];  // [lo x 32 | hi x 32] per token
+  alignas(64) uint8_t bt[3][8][64];
+  alignas(64) int32_t c[2][2][kTileTokens][16];  // [parity][lo, hi][token][row]
+  __m512 acc[kTileTokens], mins[kTileTokens];
+  for (int t = 0; t < tokens; ++t) acc[t] = mins[t] = _mm512_setzero_ps();
+  // Byte i < 32 of a row is element i's low byte (qs byte 2i), byte 32 + i its high byte.
+  alignas(64) static constexpr uint8_t kSplit[64] = {
+      0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+      44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23,
+      25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i split = _mm512_load_si512(kSplit);
+  Configure(tokens);
+  // Lays out block b's A and B rows in buffer b % 3. Two blocks ahead of their tile loads: a
+  // tile load does not take data from the store buffer, so it waits for the stores to reach L1.
+  auto prepare = [&](int64_t b) __attribute__((always_inline)) {
+    const int buf = static_cast<int>(b % 3);
+    if (ahead != nullptr) {
+      for (int64_t l = 0; l < kGroupBlock; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
+      }
+    }
+    for (int t = 0; t < tokens; ++t) {
+      const __m512i v = _mm512_loadu_si512(a[t * a_stride + b].qs);
+      _mm512_store_si512(at[buf][t], _mm512_permutexvar_epi8(split, v));
+    }
+    WeightsAsB<T>(group + b * kGroupBlock + kScales, &bt[buf][0][0]);
+  };
+  // Issues block b's products into C tiles 0 / 1 (b even) or 5 / 6 (odd).
+  auto issue = [&](int64_t b) __attribute__((always_inline)) {
+    const int par = static_cast<int>(b & 1), buf = static_cast<int>(b % 3);
+    _tile_loadd(2, &at[buf][0][0], 64);
+    _tile_loadd(3, &at[buf][0][32], 64);
+    _tile_loadd(4, &bt[buf][0][0], 64);
+    if (par == 0) {
+      _tile_zero(0);
+      _tile_zero(1);
+      if constexpr (kQ8) {  // weights signed
+        _tile_dpbusd(0, 2, 4);
+        _tile_dpbssd(1, 3, 4);
+      } else {  // nibbles 0..15 (Q4_0's offset of 8 comes off in the scaling)
+        _tile_dpbuud(0, 2, 4);
+        _tile_dpbsud(1, 3, 4);
+      }
+    } else {
+      _tile_zero(5);
+      _tile_zero(6);
+      if constexpr (kQ8) {
+        _tile_dpbusd(5, 2, 4);
+        _tile_dpbssd(6, 3, 4);
+      } else {
+        _tile_dpbuud(5, 2, 4);
+        _tile_dpbsud(6, 3, 4);
+      }
+    }
+  };
+  // Stores block b's C tiles, an iteration after their products were issued (a tile store waits
+  // for its product; issued at once, it held up everything after it).
+  auto store = [&](int64_t b) __attribute__((always_inline)) {
+    if ((b & 1) == 0) {
+      _tile_stored(0, &c[0][0][0][0], 64);
+      _tile_stored(1, &c[0][1][0][0], 64);
+    } else {
+      _tile_stored(5, &c[1][0][0][0], 64);
+      _tile_stored(6, &c[1][1][0][0], 64);
+    }
+  };
+  // Scales block b's stored sums into the accumulators (PackedTileReference's steps).
+  auto scale = [&](int64_t b) __attribute__((always_inline)) {
+    const int par = static_cast<int>(b & 1);
+    const uint8_t* blk = group + b * kGroupBlock;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int t = 0; t < tokens; ++t) {
+      const BlockA16& ab = a[t * a_stride + b];
+      __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[par][1][t]), 8),
+                                   _mm512_load_si512(c[par][0][t]));
+      if constexpr (kOffset) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
+      acc[t] =
+          _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(ab.d)), dw, acc[t]);
+    }
+    if constexpr (kMin) {
+      const __m512 m =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+      for (int t = 0; t < tokens; ++t) {
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
+      }
+    }
+  };
+  // Iteration i: lay out block i + 2, multiply i + 1, store i, scale i - 1.
+  prepare(0);
+  if (nb > 1) prepare(1);
+  issue(0);
+  for (int64_t i = 0; i <= nb; ++i) {
+    if (i + 2 < nb) prepare(i + 2);
+    if (i + 1 < nb) issue(i + 1);
+    if (i < nb) store(i);
+    if (i >= 1) scale(i - 1);
+  }
+  for (int t = 0; t < tokens; ++t) {
+    _mm512_storeu_ps(out + t * ldo, kMin ? _mm512_add_ps(acc[t], mins[t]) : acc[t]);
+  }
+}
+
+template <DType T>
+void AmxTile(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride, int64_t tokens,
+             float* out, int64_t ldo, const uint8_t* next_group) {
+  int64_t t = 0;
+  for (; tokens - t >= kMinTokens; t += kTileTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kTileTokens, tokens - t));
+    AmxPass<T>(group, nb, a + t * a_stride, a_stride, n, out + t * ldo, ldo,
+               t == 0 ? next_group : nullptr);
+  }
+  if (t < tokens) {
+    Avx512Primitives().packed_tile(T, group, nb, a + t * a_stride, a_stride, tokens - t,
+                                   out + t * ldo, ldo, t == 0 ? next_group : nullptr);
+  }
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+bool AmxUsable() {
+  static const bool usable = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    // AMX-TILE (EDX 24), AMX-INT8 (EDX 25); AVX-512 VBMI (ECX 1) for the byte split.
+    if (!(d & (1u << 24)) || !(d & (1u << 25)) || !(c & (1u << 1))) return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA
+    // Linux hands out the tile data state on request, once per process (arch_prctl
+    // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA).
+    constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return usable;
+}
+
+const Primitives& AmxPrimitives() {
+  static const Primitives t = [] {
+    Primitives d = Avx512Primitives();
+    d.packed_tile = PackedTileOfTypes<BlockA16, AmxTile<DType::kQ4_0>, AmxTile<DType::kQ4_1>,
+                                      AmxTile<DType::kQ8_0>>;
+    return d;
+  }();
+  return t;
+}
+
+}  // namespace kvmesh::kernels::cpu
