@@ -32,9 +32,14 @@
 
 // The kernels' ISA, for everything up to the end of the anonymous namespace (lambdas included);
 // the detection and the table after it run on any CPU.
+// clang-format off
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8"))), apply_to = function)
+#else
 #pragma GCC push_options
-#pragma GCC target( \
-    "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8")
+#endif
+// clang-format on
 
 namespace kvmesh::kernels::cpu {
 namespace {
@@ -224,7 +229,11 @@ void AmxTile(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stri
 }
 
 }  // namespace
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 bool AmxUsable() {
   static const bool usable = [] {
