@@ -82,6 +82,7 @@ BENCHMARK(BM_MatMulQ4_1)
     ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {1, 2}, {0, 1, 2}, {1}})
     ->Args({576, 1536, 1, 2, 0, 1})
     ->Args({576, 1536, 1, 2, 1, 1})
+    ->ArgsProduct({{576}, {1536}, {16}, {1, 2}, {1}, {1}})  // down at 16 sequences
     ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1, 2}, {128}})
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.

@@ -23,13 +23,15 @@ bool IsIntegerPath(DType t) {
 struct Quantised {
   BlockA16* a16 = nullptr;
   BlockA8* a8 = nullptr;
+  uint8_t* a16_split = nullptr;  // a16's blocks split into bytes, where the table uses them
 };
 
 // Quantises the activations (in parallel over tokens) into the buffers, in the widths asked for;
 // `prepare` (if set) first fills the rows.
 Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool a16, bool a8,
                               ThreadPool& pool, const PrepareRows& prepare,
-                              std::vector<uint8_t>& buf16, std::vector<uint8_t>& buf8) {
+                              std::vector<uint8_t>& buf16, std::vector<uint8_t>& buf8,
+                              std::vector<uint8_t>& buf_split) {
   const int64_t nb = cols / kQK;
   Quantised q;
   if (a16) {
@@ -41,10 +43,15 @@ Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool
     q.a8 = reinterpret_cast<BlockA8*>(buf8.data());
   }
   const auto& prims = cpu::Prims();
+  if (a16 && prims.split_a16 != nullptr) {
+    buf_split.resize(static_cast<size_t>(tokens * nb * 64));
+    q.a16_split = buf_split.data();
+  }
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
     if (prepare) prepare(t0, t1);
     for (int64_t t = t0; t < t1; ++t) {
       if (a16) prims.quantize_a16(x + t * cols, q.a16 + t * nb, cols);
+      if (q.a16_split != nullptr) prims.split_a16(q.a16 + t * nb, nb, q.a16_split + t * nb * 64);
       if (a8) prims.quantize_a8(x + t * cols, q.a8 + t * nb, cols);
     }
   });
@@ -120,6 +127,10 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
     if (a.w.packed_a8) {
       return d.packed_tile_a8(a.w.type, group, nb, q.a8, nb, a.tokens, a.out + r0, a.ldo, next);
     }
+    if (q.a16_split != nullptr) {
+      return d.packed_tile_split(a.w.type, group, nb, q.a16, q.a16_split, nb, a.tokens, a.out + r0,
+                                 a.ldo, next);
+    }
     return d.packed_tile(a.w.type, group, nb, q.a16, nb, a.tokens, a.out + r0, a.ldo, next);
   }
   const BlockA16* xq = q.a16;
@@ -165,11 +176,11 @@ void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool, const Pre
       a16 |= !eight;
     }
   }
-  thread_local std::vector<uint8_t> act16, act8;
+  thread_local std::vector<uint8_t> act16, act8, act_split;
   Quantised xq;
   if (a16 || a8) {
     xq = QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, a16, a8, pool, prepare,
-                             act16, act8);
+                             act16, act8, act_split);
   } else if (prepare) {
     pool.ParallelFor(mats[0].tokens, 1, prepare);
   }

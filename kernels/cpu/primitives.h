@@ -41,6 +41,15 @@ struct Primitives {
                                 int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                                 const uint8_t* next_group);
   PackedTileA8 packed_tile_a8 = nullptr;
+  // Optional (the AMX table): packed_tile against activations also split once per product input.
+  // split_a16 writes block i of a as 64 bytes at out + 64 i, the 32 values' low bytes then their
+  // high bytes; packed_tile_split is packed_tile with those bytes beside a (same indexing: block
+  // b of token t at a_split + 64 * (t * a_stride + b)), the same bits.
+  void (*split_a16)(const BlockA16* a, int64_t blocks, uint8_t* out) = nullptr;
+  using PackedTileSplit = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                                   const uint8_t* a_split, int64_t a_stride, int64_t tokens,
+                                   float* out, int64_t ldo, const uint8_t* next_group);
+  PackedTileSplit packed_tile_split = nullptr;
   // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;
   void (*quantize_a8)(const float* x, BlockA8* y, int64_t n) = nullptr;  // QuantizeRowA8

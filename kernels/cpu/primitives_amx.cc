@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/packed.h"
@@ -102,29 +103,42 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
   }
 }
 
-// `tokens` (kMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
+// N (kMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
 // block b + 1's tile products are issued before block b's C tiles are scaled, so the tile unit
 // and the vector units work at once (C tiles and buffers alternate between even and odd blocks).
-template <DType T>
-void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride, int tokens,
-             float* out, int64_t ldo, const uint8_t* ahead) {
+// N is a constant so that the N accumulators stay in registers; Q4_1's minimums, which do not
+// depend on the tiles, are summed in a pass of their own first (each token's in block order).
+template <DType T, int N>
+void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t* a_split,
+             int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
+  constexpr int tokens = N;
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1, kOffset = T == DType::kQ4_0;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
-  alignas(64) uint8_t at[3][kTileTokens][64];  // [lo x 32 | hi x 32] per token
   alignas(64) uint8_t bt[3][8][64];
   alignas(64) int32_t c[2][2][kTileTokens][16];  // [parity][lo, hi][token][row]
-  __m512 acc[kTileTokens], mins[kTileTokens];
-  for (int t = 0; t < tokens; ++t) acc[t] = mins[t] = _mm512_setzero_ps();
-  // Byte i < 32 of a row is element i's low byte (qs byte 2i), byte 32 + i its high byte.
-  alignas(64) static constexpr uint8_t kSplit[64] = {
-      0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
-      44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23,
-      25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  const __m512i split = _mm512_load_si512(kSplit);
+  alignas(64) float min_sums[N][16];
+  if constexpr (kMin) {
+    __m512 mins[N];
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512 m = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * kGroupBlock + 32)));
+#pragma GCC unroll 16
+      for (int t = 0; t < N; ++t) {
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) _mm512_store_ps(min_sums[t], mins[t]);
+  }
+  __m512 acc[N];
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
   Configure(tokens);
-  // Lays out block b's A and B rows in buffer b % 3. Two blocks ahead of their tile loads: a
-  // tile load does not take data from the store buffer, so it waits for the stores to reach L1.
+  // Lays out block b's B rows in buffer b % 3. Two blocks ahead of their tile load: a tile load
+  // does not take data from the store buffer, so it waits for the stores to reach L1.
   auto prepare = [&](int64_t b) __attribute__((always_inline)) {
     const int buf = static_cast<int>(b % 3);
     if (ahead != nullptr) {
@@ -132,17 +146,14 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stri
         _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
       }
     }
-    for (int t = 0; t < tokens; ++t) {
-      const __m512i v = _mm512_loadu_si512(a[t * a_stride + b].qs);
-      _mm512_store_si512(at[buf][t], _mm512_permutexvar_epi8(split, v));
-    }
     WeightsAsB<T>(group + b * kGroupBlock + kScales, &bt[buf][0][0]);
   };
   // Issues block b's products into C tiles 0 / 1 (b even) or 5 / 6 (odd).
   auto issue = [&](int64_t b) __attribute__((always_inline)) {
     const int par = static_cast<int>(b & 1), buf = static_cast<int>(b % 3);
-    _tile_loadd(2, &at[buf][0][0], 64);
-    _tile_loadd(3, &at[buf][0][32], 64);
+    // A: the tokens' split rows of block b, a_stride blocks apart.
+    _tile_loadd(2, a_split + 64 * b, 64 * a_stride);
+    _tile_loadd(3, a_split + 64 * b + 32, 64 * a_stride);
     _tile_loadd(4, &bt[buf][0][0], 64);
     if (par == 0) {
       _tile_zero(0);
@@ -182,20 +193,14 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stri
     const int par = static_cast<int>(b & 1);
     const uint8_t* blk = group + b * kGroupBlock;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    for (int t = 0; t < tokens; ++t) {
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) {
       const BlockA16& ab = a[t * a_stride + b];
       __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[par][1][t]), 8),
                                    _mm512_load_si512(c[par][0][t]));
       if constexpr (kOffset) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
       acc[t] =
           _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(ab.d)), dw, acc[t]);
-    }
-    if constexpr (kMin) {
-      const __m512 m =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-      for (int t = 0; t < tokens; ++t) {
-        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
-      }
     }
   };
   // Iteration i: lay out block i + 2, multiply i + 1, store i, scale i - 1.
@@ -208,24 +213,81 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stri
     if (i < nb) store(i);
     if (i >= 1) scale(i - 1);
   }
-  for (int t = 0; t < tokens; ++t) {
-    _mm512_storeu_ps(out + t * ldo, kMin ? _mm512_add_ps(acc[t], mins[t]) : acc[t]);
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) {
+    _mm512_storeu_ps(out + t * ldo,
+                     kMin ? _mm512_add_ps(acc[t], _mm512_load_ps(min_sums[t])) : acc[t]);
+  }
+}
+
+// Block i of a's 32 values as 64 bytes at out + 64 i: their low bytes (qs byte 2e), then their
+// high bytes (qs byte 2e + 1).
+void SplitA16(const BlockA16* a, int64_t blocks, uint8_t* out) {
+  alignas(64) static constexpr uint8_t kSplit[64] = {
+      0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+      44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23,
+      25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i split = _mm512_load_si512(kSplit);
+  for (int64_t i = 0; i < blocks; ++i) {
+    _mm512_storeu_si512(out + 64 * i, _mm512_permutexvar_epi8(split, _mm512_loadu_si512(a[i].qs)));
   }
 }
 
 template <DType T>
-void AmxTile(const uint8_t* group, int64_t nb, const BlockA16* a, int64_t a_stride, int64_t tokens,
-             float* out, int64_t ldo, const uint8_t* next_group) {
+void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t* a_split,
+                  int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                  const uint8_t* next_group) {
+  using Pass = void (*)(const uint8_t*, int64_t, const BlockA16*, const uint8_t*, int64_t, float*,
+                        int64_t, const uint8_t*);
+  static constexpr Pass kPass[kTileTokens - kMinTokens + 1] = {
+      AmxPass<T, 8>,  AmxPass<T, 9>,  AmxPass<T, 10>, AmxPass<T, 11>, AmxPass<T, 12>,
+      AmxPass<T, 13>, AmxPass<T, 14>, AmxPass<T, 15>, AmxPass<T, 16>};
+  static_assert(kMinTokens == 8);
   int64_t t = 0;
   for (; tokens - t >= kMinTokens; t += kTileTokens) {
-    const int n = static_cast<int>(std::min<int64_t>(kTileTokens, tokens - t));
-    AmxPass<T>(group, nb, a + t * a_stride, a_stride, n, out + t * ldo, ldo,
-               t == 0 ? next_group : nullptr);
+    const int64_t n = std::min<int64_t>(kTileTokens, tokens - t);
+    kPass[n - kMinTokens](group, nb, a + t * a_stride, a_split + 64 * t * a_stride, a_stride,
+                          out + t * ldo, ldo, t == 0 ? next_group : nullptr);
   }
   if (t < tokens) {
     Avx512Primitives().packed_tile(T, group, nb, a + t * a_stride, a_stride, tokens - t,
                                    out + t * ldo, ldo, t == 0 ? next_group : nullptr);
   }
+}
+
+void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                        const uint8_t* a_split, int64_t a_stride, int64_t tokens, float* out,
+                        int64_t ldo, const uint8_t* next_group) {
+  switch (type) {
+    case DType::kQ4_0:
+      return AmxTileSplit<DType::kQ4_0>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+                                        next_group);
+    case DType::kQ4_1:
+      return AmxTileSplit<DType::kQ4_1>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+                                        next_group);
+    case DType::kQ8_0:
+      return AmxTileSplit<DType::kQ8_0>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+                                        next_group);
+    default:
+      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
+  }
+}
+
+// packed_tile without a caller's split rows: split the tokens' blocks here first (a product
+// splits them once for all its groups instead: matmul.cc).
+void PackedTileAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
+                   int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                   const uint8_t* next_group) {
+  if (tokens < kMinTokens) {
+    return Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo,
+                                          next_group);
+  }
+  thread_local std::vector<uint8_t> split;
+  split.resize(static_cast<size_t>(64 * tokens * a_stride));
+  for (int64_t t = 0; t < tokens; ++t) {
+    SplitA16(a + t * a_stride, nb, split.data() + 64 * t * a_stride);
+  }
+  PackedTileSplitAmx(type, group, nb, a, split.data(), a_stride, tokens, out, ldo, next_group);
 }
 
 }  // namespace
@@ -255,8 +317,9 @@ bool AmxUsable() {
 const Primitives& AmxPrimitives() {
   static const Primitives t = [] {
     Primitives d = Avx512Primitives();
-    d.packed_tile = PackedTileOfTypes<BlockA16, AmxTile<DType::kQ4_0>, AmxTile<DType::kQ4_1>,
-                                      AmxTile<DType::kQ8_0>>;
+    d.packed_tile = PackedTileAmx;
+    d.split_a16 = SplitA16;
+    d.packed_tile_split = PackedTileSplitAmx;
     return d;
   }();
   return t;
