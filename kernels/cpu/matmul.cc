@@ -43,7 +43,7 @@ Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool
     q.a8 = reinterpret_cast<BlockA8*>(buf8.data());
   }
   const auto& prims = cpu::Prims();
-  if (a16 && prims.split_a16 != nullptr) {
+  if (a16 && prims.split_a16 != nullptr && tokens >= cpu::kTileMinTokens) {
     buf_split.resize(static_cast<size_t>(tokens * nb * 64));
     q.a16_split = buf_split.data();
   }

@@ -10,6 +10,9 @@
 
 namespace kvmesh::kernels::cpu {
 
+// Fewest tokens a product runs on tiles (packed_tile_split) where the table has them.
+inline constexpr int64_t kTileMinTokens = 8;
+
 struct Primitives {
   // Weight blocks x against activation blocks y (see BlockA16).
   float (*q4_0_a16)(const BlockQ4_0* x, const BlockA16* y, int64_t nb);
@@ -41,7 +44,8 @@ struct Primitives {
                                 int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                                 const uint8_t* next_group);
   PackedTileA8 packed_tile_a8 = nullptr;
-  // Optional (the AMX table): packed_tile against activations also split once per product input.
+  // Optional (the AMX table): packed_tile against activations also split once per product input,
+  // for products of at least kTileMinTokens tokens (below it the split would go unused).
   // split_a16 writes block i of a as 64 bytes at out + 64 i, the 32 values' low bytes then their
   // high bytes; packed_tile_split is packed_tile with those bytes beside a (same indexing: block
   // b of token t at a_split + 64 * (t * a_stride + b)), the same bits.

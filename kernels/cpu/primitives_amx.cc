@@ -9,11 +9,13 @@
 // leaves it. The fp32 steps after it are PackedTileReference's, lane for lane, so this table
 // gives the same bits as every other one.
 //
-// Per block: the tokens' activations are rearranged into [lo x 32 | hi x 32] rows (one VPERMB
-// each), the group-block's weights widened into B's layout (8 rows of 16 columns x 4 bytes:
-// row p, column r = row r's elements 4p..4p+3), two TDPB*D products, the two C tiles stored and
-// each token's 16 lanes scaled as the AVX-512 kernel scales its registers. Fewer tokens than
-// kMinTokens run the AVX-512 kernel (the tile work does not pay for itself there).
+// A product splits its activations once into [lo x 32 | hi x 32] rows (split_a16, one VPERMB
+// per block; matmul.cc), which the A tiles load directly. Per block: the group-block's weights
+// widened into B's layout (8 rows of 16 columns x 4 bytes: row p, column r = row r's elements
+// 4p..4p+3), two TDPB*D products, the two C tiles stored and each token's 16 lanes scaled as the
+// AVX-512 kernel scales its registers. Products of fewer than kTileMinTokens tokens, and tails
+// under it, run the AVX-512 kernel (the tile work does not pay for itself there); so does
+// packed_tile, which callers use only without split rows.
 // GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -26,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/packed.h"
@@ -45,7 +46,6 @@
 namespace kvmesh::kernels::cpu {
 namespace {
 
-constexpr int kMinTokens = 8;
 constexpr int kTileTokens = 16;
 
 // Tiles: 0 / 1 the C tiles of lo and hi (even blocks), 5 / 6 (odd blocks), 2 / 3 A's lo and hi,
@@ -103,7 +103,7 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
   }
 }
 
-// N (kMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
+// N (kTileMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
 // block b + 1's tile products are issued before block b's C tiles are scaled, so the tile unit
 // and the vector units work at once (C tiles and buffers alternate between even and odd blocks).
 // N is a constant so that the N accumulators stay in registers; Q4_1's minimums, which do not
@@ -111,7 +111,6 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
 template <DType T, int N>
 void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t* a_split,
              int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
-  constexpr int tokens = N;
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1, kOffset = T == DType::kQ4_0;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int kScales = kMin ? 64 : 32;
@@ -136,7 +135,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t*
   __m512 acc[N];
 #pragma GCC unroll 16
   for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
-  Configure(tokens);
+  Configure(N);
   // Lays out block b's B rows in buffer b % 3. Two blocks ahead of their tile load: a tile load
   // does not take data from the store buffer, so it waits for the stores to reach L1.
   auto prepare = [&](int64_t b) __attribute__((always_inline)) {
@@ -239,15 +238,15 @@ void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uin
                   const uint8_t* next_group) {
   using Pass = void (*)(const uint8_t*, int64_t, const BlockA16*, const uint8_t*, int64_t, float*,
                         int64_t, const uint8_t*);
-  static constexpr Pass kPass[kTileTokens - kMinTokens + 1] = {
+  static constexpr Pass kPass[kTileTokens - kTileMinTokens + 1] = {
       AmxPass<T, 8>,  AmxPass<T, 9>,  AmxPass<T, 10>, AmxPass<T, 11>, AmxPass<T, 12>,
       AmxPass<T, 13>, AmxPass<T, 14>, AmxPass<T, 15>, AmxPass<T, 16>};
-  static_assert(kMinTokens == 8);
+  static_assert(kTileMinTokens == 8);
   int64_t t = 0;
-  for (; tokens - t >= kMinTokens; t += kTileTokens) {
+  for (; tokens - t >= kTileMinTokens; t += kTileTokens) {
     const int64_t n = std::min<int64_t>(kTileTokens, tokens - t);
-    kPass[n - kMinTokens](group, nb, a + t * a_stride, a_split + 64 * t * a_stride, a_stride,
-                          out + t * ldo, ldo, t == 0 ? next_group : nullptr);
+    kPass[n - kTileMinTokens](group, nb, a + t * a_stride, a_split + 64 * t * a_stride, a_stride,
+                              out + t * ldo, ldo, t == 0 ? next_group : nullptr);
   }
   if (t < tokens) {
     Avx512Primitives().packed_tile(T, group, nb, a + t * a_stride, a_stride, tokens - t,
@@ -271,23 +270,6 @@ void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const Bloc
     default:
       return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   }
-}
-
-// packed_tile without a caller's split rows: split the tokens' blocks here first (a product
-// splits them once for all its groups instead: matmul.cc).
-void PackedTileAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                   int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
-                   const uint8_t* next_group) {
-  if (tokens < kMinTokens) {
-    return Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo,
-                                          next_group);
-  }
-  thread_local std::vector<uint8_t> split;
-  split.resize(static_cast<size_t>(64 * tokens * a_stride));
-  for (int64_t t = 0; t < tokens; ++t) {
-    SplitA16(a + t * a_stride, nb, split.data() + 64 * t * a_stride);
-  }
-  PackedTileSplitAmx(type, group, nb, a, split.data(), a_stride, tokens, out, ldo, next_group);
 }
 
 }  // namespace
@@ -317,7 +299,6 @@ bool AmxUsable() {
 const Primitives& AmxPrimitives() {
   static const Primitives t = [] {
     Primitives d = Avx512Primitives();
-    d.packed_tile = PackedTileAmx;
     d.split_a16 = SplitA16;
     d.packed_tile_split = PackedTileSplitAmx;
     return d;

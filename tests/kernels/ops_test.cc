@@ -729,7 +729,9 @@ TEST(Bf16, HardwareKernelsInUseWhereTheCpuHasThem) {
 TEST(Amx, TileKernelsInUseWhereTheCpuHasThem) {
   if (!cpu::AmxUsable()) GTEST_SKIP() << "this CPU has no AMX-INT8 and VBMI, or the OS refused it";
   EXPECT_EQ(DetectedIsa(), Isa::kAmx);
-  EXPECT_NE(cpu::AmxPrimitives().packed_tile, cpu::Avx512Primitives().packed_tile);
+  EXPECT_NE(cpu::AmxPrimitives().split_a16, nullptr);
+  EXPECT_NE(cpu::AmxPrimitives().packed_tile_split, nullptr);
+  EXPECT_EQ(cpu::Avx512Primitives().packed_tile_split, nullptr);
   EXPECT_EQ(cpu::AmxPrimitives().packed_tile_a8, cpu::Avx512Primitives().packed_tile_a8);
 }
 
