@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/packed.h"
+#include "util/aligned_vector.h"
 #include "util/huge_pages.h"
 
 namespace kvmesh::kernels {
@@ -62,7 +63,8 @@ void BM_MatMul(benchmark::State& st) {
     const ActBits bits = st.range(4) == 2 ? ActBits::k8 : ActBits::k16;
     wm.push_back(st.range(4) != 0 ? PackWeights(plain, storage[c], nullptr, bits) : plain);
   }
-  std::vector<float> x(tokens * cols, 0.5f), out(tokens * rows);
+  // Cache-line aligned, as the engine's buffers (util/aligned_vector.h).
+  util::AlignedVector<float> x(tokens * cols, 0.5f), out(tokens * rows);
   int64_t i = 0;
   for (auto _ : st) {
     MatMulCpu({wm[i], x.data(), out.data(), tokens, rows}, pool);
@@ -83,6 +85,9 @@ BENCHMARK(BM_MatMulQ4_1)
     ->Args({576, 1536, 1, 2, 0, 1})
     ->Args({576, 1536, 1, 2, 1, 1})
     ->ArgsProduct({{576}, {1536}, {16}, {1, 2}, {1}, {1}})  // down at 16 sequences
+    // One group of rows: what a 16-token product costs besides its rows (quantising and
+    // splitting the activations, handing out the work).
+    ->ArgsProduct({{16}, {576, 1536}, {16}, {1, 2}, {1}, {1}})
     ->ArgsProduct({{1536}, {576}, {1, 16}, {2}, {1, 2}, {128}})
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.

@@ -35,6 +35,7 @@
 #include "kvstore/block_manager.h"
 #include "model/sampler.h"
 #include "serving/metrics.h"
+#include "util/aligned_vector.h"
 #include "worker/step_plan.h"
 
 namespace kvmesh::serving {
@@ -208,8 +209,8 @@ class Scheduler {
   SchedulerStats stats_;
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;
-  std::vector<float> logits_;
-  std::vector<float> raw_logits_;  // a sampled row before the sampler adjusts it (logprobs)
+  util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
+  std::vector<float> raw_logits_;      // a sampled row before the sampler adjusts it (logprobs)
   std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
   bool in_step_ = false;                      // sampling: callbacks are running
   // Cancel / FinishEarly calls made from callbacks or on sequences in flight: (id, early).

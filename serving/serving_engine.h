@@ -25,6 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "serving/scheduler.h"
+#include "util/aligned_vector.h"
 #include "worker/engine.h"
 #include "worker/replica_link.h"
 
@@ -98,8 +99,8 @@ class ServingEngine {
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
   absl::flat_hash_map<std::string, int> session_replica_;  // with several replicas only
   int32_t max_sessions_ = 1;
-  std::vector<float> logits_;
-  bool pipelined_ = false;  // pp > 1 with one replica: steps overlap across stages
+  util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
+  bool pipelined_ = false;             // pp > 1 with one replica: steps overlap across stages
 
   std::vector<std::vector<float>> remote_logits_;
 };

@@ -23,6 +23,7 @@
 #include "kvstore/block_arena.h"
 #include "model/llama_model.h"
 #include "model/shard.h"
+#include "util/aligned_vector.h"
 #include "util/huge_pages.h"
 #include "worker/phase_times.h"
 #include "worker/step_plan.h"
@@ -120,12 +121,13 @@ class LlamaForward {
   util::HugePageRegion packed_;
   std::vector<std::vector<uint8_t>> owned_;
   kernels::WeightMatrix output_;
-  std::vector<float> local_logits_;
+  util::AlignedVector<float> local_logits_;
   std::vector<int> vocab_counts_;
   CommStats comm_stats_;
   bool time_phases_ = false;
   PhaseTimes phase_times_;
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
+  // The rows' activations, each buffer starting on a cache line (util/aligned_vector.h).
+  util::AlignedVector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   std::vector<int32_t> pos_;
   // Per plan row: its chunk and, for the last stage, which logits row it feeds (-1: none).
   std::vector<int32_t> chunk_of_row_, out_of_row_;
@@ -133,12 +135,13 @@ class LlamaForward {
   std::vector<kernels::AttentionSeq> segs_;
   // Attention's plan for segs_, made once per batch and run by every layer.
   kernels::PagedAttentionPlan attn_plan_;
-  std::vector<int64_t> kv_at_;     // per micro-batch row: its V slot's offset in a layer
-  std::vector<int64_t> k_at_;      // ... and its K slot's (dim 0; dim e at + e * block_size)
-  std::vector<uint16_t> k16_;      // the rows' K in fp16, before each is spread over its block
-  std::vector<float> rope_cs_;     // the rows' rotary cos/sin (kernels::RopeTableCpu)
-  std::vector<float> gathered_;    // TP rank 0: every rank's logits slices, rank-major
-  std::vector<float> hidden_out_;  // [n_logits, n_embd] final hidden states of the logits rows
+  std::vector<int64_t> kv_at_;   // per micro-batch row: its V slot's offset in a layer
+  std::vector<int64_t> k_at_;    // ... and its K slot's (dim 0; dim e at + e * block_size)
+  std::vector<uint16_t> k16_;    // the rows' K in fp16, before each is spread over its block
+  std::vector<float> rope_cs_;   // the rows' rotary cos/sin (kernels::RopeTableCpu)
+  std::vector<float> gathered_;  // TP rank 0: every rank's logits slices, rank-major
+  util::AlignedVector<float>
+      hidden_out_;  // [n_logits, n_embd] final hidden states of the logits rows
 };
 
 }  // namespace kvmesh::worker

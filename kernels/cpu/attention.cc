@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/ops.h"
+#include "util/aligned_vector.h"
 
 namespace kvmesh::kernels {
 
@@ -437,7 +438,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   PagedAttentionArgs a = pl.args;
   // q scaled once here, not once per chunk inside q.k (which reads it in place at scale 1: the
   // same bits, x * 1 being x).
-  thread_local std::vector<float> q_scaled;
+  thread_local util::AlignedVector<float> q_scaled;
   const int64_t q_elems = pl.total * a.n_heads * a.head_dim;
   q_scaled.resize(static_cast<size_t>(q_elems));
   for (int64_t i = 0; i < q_elems; ++i) q_scaled[i] = q[i] * a.scale;
@@ -474,13 +475,13 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   const std::vector<Unit>& units = pl.units;
   const std::vector<int64_t>& seq = pl.seq;
   const std::vector<int64_t>& item = pl.item;
-  thread_local std::vector<float> records_storage;
-  std::vector<float>& records = records_storage;  // workers reach it through this reference
+  thread_local util::AlignedVector<float> records_storage;
+  util::AlignedVector<float>& records = records_storage;  // workers reach it through this reference
   records.resize(static_cast<size_t>(rec0[total] * stride));
   const int64_t n_items = static_cast<int64_t>(item.size()) - 1;
   std::atomic<int64_t> next_item{0};
   pool.Run([&](int, int) {
-    thread_local std::vector<float> scores, kt, pair_q, pair_rec;
+    thread_local util::AlignedVector<float> scores, kt, pair_q, pair_rec;
     thread_local std::vector<uint32_t> pair_qp;
     scores.resize(static_cast<size_t>(2 * group * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));

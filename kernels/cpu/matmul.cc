@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/packed.h"
+#include "util/aligned_vector.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -30,8 +31,9 @@ struct Quantised {
 // `prepare` (if set) first fills the rows.
 Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool a16, bool a8,
                               ThreadPool& pool, const PrepareRows& prepare,
-                              std::vector<uint8_t>& buf16, std::vector<uint8_t>& buf8,
-                              std::vector<uint8_t>& buf_split) {
+                              util::AlignedVector<uint8_t>& buf16,
+                              util::AlignedVector<uint8_t>& buf8,
+                              util::AlignedVector<uint8_t>& buf_split) {
   const int64_t nb = cols / kQK;
   Quantised q;
   if (a16) {
@@ -176,7 +178,7 @@ void MatMulManyCpu(std::span<const MatMulArgs> mats, ThreadPool& pool, const Pre
       a16 |= !eight;
     }
   }
-  thread_local std::vector<uint8_t> act16, act8, act_split;
+  thread_local util::AlignedVector<uint8_t> act16, act8, act_split;
   Quantised xq;
   if (a16 || a8) {
     xq = QuantizeActivations(mats[0].x, mats[0].tokens, mats[0].w.cols, a16, a8, pool, prepare,
