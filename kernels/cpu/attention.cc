@@ -483,7 +483,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   pool.Run([&](int, int) {
     thread_local util::AlignedVector<float> scores, kt, pair_q, pair_rec;
     thread_local std::vector<uint32_t> pair_qp;
-    scores.resize(static_cast<size_t>(2 * group * kKeyChunk));
+    scores.resize(static_cast<size_t>((2 * group + p.pair_heads) * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
@@ -531,15 +531,16 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         auto qp_of = [&](int64_t i, int64_t head0) {
           return q_pairs.data() + (rows[task.first_row + i] * a.n_heads + head0) * d / 2;
         };
-        // A task of several rows (one KV head) runs them two at a time, where the table's
-        // kernels gain from it (pair_heads), wherever both see the same keys of a chunk: one call
-        // over both rows' hn query heads, so each K and V vector converted feeds twice the fused
-        // multiply-adds and the per-call work is shared. For that its rows' q and records are
-        // gathered for the unit (pair_q [i][g][d], pair_rec [i][g][2 + d]) and the records copied
-        // back at its end. Each head's arithmetic is its own, so the bits are those of one row at a
-        // time.
+        // A task of several rows (one KV head) runs them several at a time (up to the table's
+        // pair_heads query heads in one call), wherever they see the same keys of a chunk: one
+        // call over those rows' hn query heads each, so each K and V vector converted feeds
+        // several rows' fused multiply-adds and the per-call work is shared. For that its rows'
+        // q and records are gathered for the unit (pair_q [i][g][d], pair_rec [i][g][2 + d]) and
+        // the records copied back at its end. Each head's arithmetic is its own, so the bits are
+        // those of one row at a time.
         const int64_t hn = heads_of(kvh0).second - heads_of(kvh0).first;
-        const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && hn > 0 && 2 * hn <= p.pair_heads;
+        const int64_t rows_per_call = hn > 0 ? p.pair_heads / hn : 0;
+        const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && rows_per_call >= 2;
         if (pairs) {
           pair_q.resize(static_cast<size_t>(task.n_rows * hn * d));
           pair_rec.resize(static_cast<size_t>(task.n_rows * hn * stride));
@@ -690,18 +691,17 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
               if (!pairs) {
                 AttendChunk(a, p, q_of(i, h0), bf16 ? qp_of(i, h0) : nullptr, h1 - h0, kv, n,
                             scores.data(), rec_of(i, kvh), side_lines);
-              } else if (i + 1 < task.n_rows && keys_in_chunk(i + 1) == n) {
-                prefetch();  // row i + 1's share
-                AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), 2 * hn, kv, n,
-                            scores.data(), pair_rec.data() + i * hn * stride, [&] {
-                              side_lines();
-                              side_lines();
-                            });
-                ++i;
-              } else {
-                AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), hn, kv, n,
-                            scores.data(), pair_rec.data() + i * hn * stride, side_lines);
+                continue;
               }
+              int64_t m = 1;  // rows in this call: row i and the next that see the same keys
+              for (; m < rows_per_call && i + m < task.n_rows && keys_in_chunk(i + m) == n; ++m) {
+                prefetch();  // row i + m's share
+              }
+              AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), m * hn, kv, n,
+                          scores.data(), pair_rec.data() + i * hn * stride, [&] {
+                            for (int64_t r = 0; r < m; ++r) side_lines();
+                          });
+              i += m - 1;
             }
           }
           std::swap(runs, next_runs);

@@ -95,8 +95,8 @@ struct Primitives {
   void (*pv_f16)(const float* p, int64_t ps, int64_t G, int64_t d, const uint16_t* const* rows,
                  int64_t n, float* o, int64_t os) = nullptr;
   // Up to how many query heads qk_t / pv run in one pass at their best (their tiles' widths):
-  // attention gives them two rows' heads in one call when those fit (0: never). The bits are
-  // the same either way.
+  // attention gives them several rows' heads in one call, as many as fit (0: never). The bits
+  // are the same either way.
   int64_t pair_heads = 0;
   // bf16 attention (opt-in: PagedAttentionArgs::bf16), over a cache that holds bf16 pairs
   // (kernels/ops.h). Operands are bf16 (Bf16Of below), held as pairs in a uint32 (element 2i in

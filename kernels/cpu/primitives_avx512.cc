@@ -397,6 +397,11 @@ KVMESH_AVX512 void PackedA8TileOf(const uint8_t* group, int64_t nb, const BlockA
 // keeps up to kMaxG heads' outputs in registers for the whole chunk. Other shapes take the generic
 // path.
 constexpr int64_t kMaxG = 6;
+// Up to kWideG heads (several rows' heads: attention's pair_heads) run in one pass of narrower
+// tiles instead: q.k 12 heads x 2 vectors of 16 keys, p.v 12 heads over half of d. Each K or V
+// vector converted from fp16 then feeds twice the fused multiply-adds of a kMaxG pass. (24 heads
+// x 1 vector was slower: GCC kept those tiles' accumulators on the stack.)
+constexpr int64_t kWideG = 12;
 
 // v, pinned in a register: without this the compiler folds a load used by several heads' fused
 // multiply-adds into each of them, and the loop becomes bound by loads instead of arithmetic.
@@ -492,6 +497,34 @@ KVMESH_AVX512 void QkTileVn(int vn, const float* qs, int64_t d, const Kt& k, int
   }
 }
 
+// Calls f.template operator()<G>() for the run-time g, Lo <= g <= Hi.
+template <int Lo, int Hi, typename F>
+KVMESH_AVX512 inline void WithCount(int64_t g, const F& f) {
+  if constexpr (Lo == Hi) {
+    f.template operator()<Lo>();
+  } else if (g == Lo) {
+    f.template operator()<Lo>();
+  } else {
+    WithCount<Lo + 1, Hi>(g, f);
+  }
+}
+
+// kMaxG < G <= kWideG heads in one pass: tiles of G heads x 2 vectors of 16 keys.
+template <typename TileAt>
+KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, float* scores,
+                          int64_t ss, float* row_max, const TileAt& tile) {
+  WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() {
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+      const auto k = tile(j0);
+      if (n - j0 > 16) {
+        QkTile<GN, 2>(qs, d, k, n - j0, scores + j0, ss, row_max);
+      } else {
+        QkTile<GN, 1>(qs, d, k, n - j0, scores + j0, ss, row_max);
+      }
+    }
+  });
+}
+
 // Heads in passes of up to kMaxG (a 6 x 4 tile: 24 accumulators); `tile(j0)` gives the K loader for
 // keys [j0, j0 + 64). q is read in place when scale is 1 (the caller scaled it: attention does so
 // once per call, not per chunk), else scaled into a buffer once per pass; x * 1 is x, so both give
@@ -500,7 +533,10 @@ template <typename TileAt>
 KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
                            float* scores, int64_t ss, float* row_max, const TileAt& tile) {
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
-  alignas(64) float buf[kMaxG * 256];
+  alignas(64) float buf[kWideG * 256];
+  if (G > kMaxG && G <= kWideG) {
+    return QkWide(ScaledQuery(q, G * d, scale, buf), G, d, n, scores, ss, row_max, tile);
+  }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
     const float* qs = ScaledQuery(q + g0 * d, gn * d, scale, buf);
@@ -656,10 +692,37 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float*
   }
 }
 
-// Any number of heads, in passes of kMaxG (each head's sums are its own: same bits for any G).
+// G (kMaxG < G <= kWideG) heads in one pass over each half of d: G x 2 accumulators.
+template <int G, typename Rows>
+KVMESH_AVX512 void PvRowsWide(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
+  constexpr int C = 2;
+  for (int h = 0; h < 4; h += C) {
+    __m512 acc[G][C];
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (h + c));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[C];
+      for (int c = 0; c < C; ++c) vv[c] = InRegister(v.Load(j, h + c));
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(p[g * ps + j]);
+        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + g * os + 16 * (h + c), acc[g][c]);
+    }
+  }
+}
+
+// Any number of heads, in passes of kMaxG, or one wide pass (each head's sums are its own: same
+// bits for any G).
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                           int64_t os) {
+  if (G > kMaxG && G <= kWideG) {
+    return WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() { PvRowsWide<GN>(p, ps, v, n, o, os); });
+  }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
     switch (std::min(kMaxG, G - g0)) {
       case 1:
@@ -936,7 +999,7 @@ const Primitives& Avx512Primitives() {
     d.exp_shifted_sums = ExpShiftedSums;
     d.pv = Pv;
     d.pv_f16 = PvF16;
-    d.pair_heads = kMaxG;  // 6 x 4 q.k tiles, 6 heads' p.v in registers
+    d.pair_heads = kWideG;  // 12 heads' q.k and p.v in one pass
     d.f16_to_f32 = F16ToF32;
     d.to_bf16 = ToBf16;
     if (HardwareBf16MatchesReference()) {
