@@ -140,8 +140,8 @@ class LlamaForward {
   std::vector<uint16_t> k16_;    // the rows' K in fp16, before each is spread over its block
   std::vector<float> rope_cs_;   // the rows' rotary cos/sin (kernels::RopeTableCpu)
   std::vector<float> gathered_;  // TP rank 0: every rank's logits slices, rank-major
-  util::AlignedVector<float>
-      hidden_out_;  // [n_logits, n_embd] final hidden states of the logits rows
+  // [n_logits, n_embd] final hidden states of the logits rows.
+  util::AlignedVector<float> hidden_out_;
 };
 
 }  // namespace kvmesh::worker

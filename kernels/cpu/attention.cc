@@ -483,7 +483,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
   pool.Run([&](int, int) {
     thread_local util::AlignedVector<float> scores, kt, pair_q, pair_rec;
     thread_local std::vector<uint32_t> pair_qp;
-    scores.resize(static_cast<size_t>((2 * group + p.pair_heads) * kKeyChunk));
+    // A call's query heads: one row's group, or several rows' up to pair_heads.
+    scores.resize(static_cast<size_t>(std::max(group, p.pair_heads) * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];

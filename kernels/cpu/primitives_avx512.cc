@@ -513,7 +513,7 @@ KVMESH_AVX512 inline void WithCount(int64_t g, const F& f) {
 template <typename TileAt>
 KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, float* scores,
                           int64_t ss, float* row_max, const TileAt& tile) {
-  WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() {
+  WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
       const auto k = tile(j0);
       if (n - j0 > 16) {
@@ -545,26 +545,8 @@ KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, floa
       const auto k = tile(j0);
       float* out = scores + g0 * ss + j0;
       float* mx = row_max + g0;
-      switch (gn) {
-        case 1:
-          QkTileVn<1>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-        case 2:
-          QkTileVn<2>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-        case 3:
-          QkTileVn<3>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-        case 4:
-          QkTileVn<4>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-        case 5:
-          QkTileVn<5>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-        default:
-          QkTileVn<6>(vn, qs, d, k, n - j0, out, ss, mx);
-          break;
-      }
+      WithCount<1, kMaxG>(
+          gn, [&]<int GN>() KVMESH_AVX512 { QkTileVn<GN>(vn, qs, d, k, n - j0, out, ss, mx); });
     }
   }
 }
@@ -672,78 +654,42 @@ KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* 
   }
 }
 
-// G is a compile-time count so the 4 x G accumulators stay in registers.
-template <int G, typename Rows>
-KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
-  __m512 acc[G][4];
+// G heads' outputs over C of d's four 16-float vectors, from vector c0: G and C are compile-time
+// counts so the G x C accumulators stay in registers.
+template <int G, int C, typename Rows>
+KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os,
+                           int c0) {
+  __m512 acc[G][C];
   for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (c0 + c));
   }
   for (int64_t j = 0; j < n; ++j) {
-    __m512 vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = InRegister(v.Load(j, c));
+    __m512 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = InRegister(v.Load(j, c0 + c));
     for (int g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(p[g * ps + j]);
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
     }
   }
   for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + g * os + 16 * (c0 + c), acc[g][c]);
   }
 }
 
-// G (kMaxG < G <= kWideG) heads in one pass over each half of d: G x 2 accumulators.
-template <int G, typename Rows>
-KVMESH_AVX512 void PvRowsWide(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os) {
-  constexpr int C = 2;
-  for (int h = 0; h < 4; h += C) {
-    __m512 acc[G][C];
-    for (int g = 0; g < G; ++g) {
-      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (h + c));
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      __m512 vv[C];
-      for (int c = 0; c < C; ++c) vv[c] = InRegister(v.Load(j, h + c));
-      for (int g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(p[g * ps + j]);
-        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
-      }
-    }
-    for (int g = 0; g < G; ++g) {
-      for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + g * os + 16 * (h + c), acc[g][c]);
-    }
-  }
-}
-
-// Any number of heads, in passes of kMaxG, or one wide pass (each head's sums are its own: same
-// bits for any G).
+// Any number of heads (each head's sums are its own: same bits for any G): kMaxG < G <= kWideG
+// in one pass over each half of d (G x 2 accumulators), else passes of up to kMaxG over all of
+// d.
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                           int64_t os) {
   if (G > kMaxG && G <= kWideG) {
-    return WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() { PvRowsWide<GN>(p, ps, v, n, o, os); });
+    return WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
+      for (int c0 = 0; c0 < 4; c0 += 2) PvRowsG<GN, 2>(p, ps, v, n, o, os, c0);
+    });
   }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
-    switch (std::min(kMaxG, G - g0)) {
-      case 1:
-        PvRowsG<1>(p, ps, v, n, o, os);
-        break;
-      case 2:
-        PvRowsG<2>(p, ps, v, n, o, os);
-        break;
-      case 3:
-        PvRowsG<3>(p, ps, v, n, o, os);
-        break;
-      case 4:
-        PvRowsG<4>(p, ps, v, n, o, os);
-        break;
-      case 5:
-        PvRowsG<5>(p, ps, v, n, o, os);
-        break;
-      default:
-        PvRowsG<6>(p, ps, v, n, o, os);
-        break;
-    }
+    WithCount<1, kMaxG>(std::min(kMaxG, G - g0),
+                        [&]<int GN>() KVMESH_AVX512 { PvRowsG<GN, 4>(p, ps, v, n, o, os, 0); });
   }
 }
 
