@@ -190,14 +190,14 @@ void BM_AttentionRowPass(benchmark::State& st) {
   for (auto& x : q) x = u(rng) * 0.125f;  // scaled, as attention passes it (at scale 1)
   float row_max[6], shift[6], sums[6];
   std::fill(shift, shift + 6, 0.5f);
-  p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max);
+  p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max, nullptr);
   for (int64_t g = 0; g < G; ++g)
     p.exp_shifted_sum(scores.data() + g * n, row_max[g], scores.data() + g * n, n);
   const std::vector<float> logits = scores;
   for (auto _ : st) {
     switch (st.range(0)) {
       case 0:
-        p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max);
+        p.qk_t_f16(q.data(), G, d, groups, bs, n, 1.0f, scores.data(), n, row_max, nullptr);
         break;
       case 1:  // the same scores each time (in place they would decay to 1)
         std::copy(logits.begin(), logits.end(), scores.begin());
@@ -211,7 +211,7 @@ void BM_AttentionRowPass(benchmark::State& st) {
         benchmark::DoNotOptimize(sums);
         break;
       default:
-        p.pv_f16(scores.data(), n, G, d, rows, n, rec.data() + 2, stride);
+        p.pv_f16(scores.data(), n, G, d, rows, n, rec.data() + 2, stride, nullptr);
         break;
     }
     benchmark::ClobberMemory();

@@ -144,21 +144,25 @@ struct ChunkKv {
 };
 
 // One chunk of keys [0, n) for the `group` (at most kMaxGroup) query heads q of one row:
-// updates the records [m, l, o...] (stride 2 + d). between() runs after the softmax, before p.v
-// (PagedAttentionCpu asks for the side lines there).
+// updates the records [m, l, o...] (stride 2 + d). The lines in *ahead are asked for during
+// q.k (cpu::Ahead); between() runs after the softmax, before p.v, and may give *ahead the lines
+// to ask for during p.v.
 template <typename Between>
 void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
                  const uint32_t* qp, int64_t group, const ChunkKv& kv, int64_t n, float* scores,
-                 float* rec, const Between& between) {
+                 float* rec, cpu::Ahead* ahead, const Between& between) {
   const int64_t d = a.head_dim;
   const int64_t stride = 2 + d;
   float chunk_max[kMaxGroup], sums[kMaxGroup];
   if (kv.kpairs != nullptr) {
+    ahead->All();
     p.qk_bf16(qp, group, d, kv.kpairs, a.block_size, n, scores, kKeyChunk, chunk_max);
   } else if (kv.kt != nullptr) {
+    ahead->All();
     p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max);
   } else {
-    p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk, chunk_max);
+    p.qk_t_f16(q, group, d, kv.kgroups, a.block_size, n, a.scale, scores, kKeyChunk, chunk_max,
+               ahead);
   }
   for (int64_t g = 0; g < group; ++g) chunk_max[g] = std::max(rec[g * stride], chunk_max[g]);
   // All heads' exps in one call where the table has it (AVX-512: 16 sequences over 1K shared
@@ -185,8 +189,9 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
   between();
   // V: each row is loaded once for all heads of the group.
   if (kv.vpairs == nullptr) {
-    return p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride);
+    return p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride, ahead);
   }
+  ahead->All();
   uint32_t weights[kMaxGroup * kKeyChunk / 2];  // bf16 pairs, a zero after an odd n
   auto* w = reinterpret_cast<uint16_t*>(weights);
   for (int64_t g = 0; g < group; ++g) {
@@ -201,10 +206,11 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
 template <typename Between>
 void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const float* q,
                  const uint32_t* qp, int64_t group, const ChunkKv& kv, int64_t n, float* scores,
-                 float* rec, const Between& between) {
+                 float* rec, cpu::Ahead* ahead, const Between& between) {
   for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
     AttendHeads(a, p, q + g0 * a.head_dim, qp != nullptr ? qp + g0 * a.head_dim / 2 : nullptr,
-                std::min(kMaxGroup, group - g0), kv, n, scores, rec + g0 * (2 + a.head_dim), [&] {
+                std::min(kMaxGroup, group - g0), kv, n, scores, rec + g0 * (2 + a.head_dim), ahead,
+                [&] {
                   if (g0 == 0) between();
                 });
   }
@@ -576,11 +582,14 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
           // The next chunk's lines, asked for spread over this chunk's work (a burst of misses
           // stalls on the core's miss buffers): a task of several rows spreads them over its
-          // rows; a lone row over its KV heads' passes, half before q.k and half between the
-          // softmax and p.v. The lone row used to ask for all of them at the start of the chunk
-          // (up to 768 lines for 3 KV heads); spread, in-process A/B (nineteenth session, Zen 5):
+          // rows; a lone row over its KV heads' passes, half during q.k and half during p.v. The
+          // lone row used to ask for all of them at the start of the chunk (up to 768 lines for 3
+          // KV heads); spread, in-process A/B (nineteenth session, Zen 5):
           // BM_PagedAttentionSharedDecode/0/16/1/100 0.86x the time, one sequence's decode step
-          // at 4K 0.962-0.974x.
+          // at 4K 0.962-0.974x. Each call's share goes to its kernels (cpu::Ahead), which ask for
+          // a line per step of their loops instead of all at the call's start: in-process A/B
+          // (twenty-fourth session, Intel): 1024|4096/16/2/16|100 0.93-0.95x, 1024|4096/1/2/100
+          // 0.88-0.89x.
           int64_t n_lines = 0, n_next = 0;
           if (j0 + kKeyChunk < j_end) {
             n_next = RunsOf(a, task.table, j0 + kKeyChunk,
@@ -596,15 +605,13 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           // attention's samples in a 16-sequence decode).
           const int64_t line_step = n_lines / task.n_rows, line_step_rem = n_lines % task.n_rows;
           int64_t line_end = 0, line_rem = 0;  // reset for each KV head's pass below
-          auto prefetch = [&] {
-            const int64_t begin = line_end;
+          auto next_share = [&] {              // moves line_end past the next row's share
             line_end += line_step;
             line_rem += line_step_rem;
             if (line_rem >= task.n_rows) {
               ++line_end;
               line_rem -= task.n_rows;
             }
-            for (int64_t l = begin; l < line_end; ++l) __builtin_prefetch(lines[l]);
           };
           const int64_t n_chunk = std::min(kKeyChunk, j_end - j0);
           for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
@@ -650,16 +657,17 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             }
             kv.vrows = vrows;
             line_end = line_rem = 0;
-            // A pass asks for its share of the next chunk before q.k and its side lines between
-            // the softmax and p.v: the two bursts together (16 + 32 lines) overran the core's
-            // miss buffers. This way against both before q.k, alternating every 7 calls in one
-            // process (15th session, Zen 3): 16 sequences over 1K shared keys with 100 of their
-            // own 7-10% less time per layer, over 4K 1-6%; the whole 16-sequence decode step at
-            // 1K 1.6% less with 256 tokens decoded, within +-1.5% with 64.
-            auto side_lines = [&] {
-              for (int64_t l = 0; l < side_per_pass && side_at < side.size(); ++l) {
-                __builtin_prefetch(side[side_at++]);
-              }
+            // A call asks for its rows' shares of the next chunk during q.k and their side lines
+            // during p.v: the two together (16 + 32 lines a row) overran the core's miss buffers.
+            // This way against both before q.k, alternating every 7 calls in one process (15th
+            // session, Zen 3): 16 sequences over 1K shared keys with 100 of their own 7-10% less
+            // time per layer, over 4K 1-6%; the whole 16-sequence decode step at 1K 1.6% less
+            // with 256 tokens decoded, within +-1.5% with 64.
+            cpu::Ahead ahead;
+            auto side_lines = [&](int64_t rows) {  // `rows` row passes' share of the side lines
+              const size_t from = side_at;
+              side_at = std::min(side.size(), side_at + static_cast<size_t>(rows * side_per_pass));
+              return cpu::Ahead{side.data() + from, static_cast<int64_t>(side_at - from)};
             };
             auto keys_in_chunk = [&](int64_t i) {
               return std::min({kKeyChunk, keys_of[i] - j0, j_begin + kRange - j0});
@@ -667,41 +675,45 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             if (task.n_rows == 1) {
               const int64_t slices = 2 * (kvh1 - kvh0), at = 2 * (kvh - kvh0);
               auto slice = [&](int64_t sl) {
-                for (int64_t l = sl * n_lines / slices; l < (sl + 1) * n_lines / slices; ++l)
-                  __builtin_prefetch(lines[l]);
+                const int64_t from = sl * n_lines / slices;
+                return cpu::Ahead{lines + from, (sl + 1) * n_lines / slices - from};
               };
-              slice(at);
               if (const int64_t n = keys_in_chunk(0); n > 0) {
+                ahead = slice(at);
                 AttendChunk(a, p, q_of(0, h0), bf16 ? qp_of(0, h0) : nullptr, h1 - h0, kv, n,
-                            scores.data(), rec_of(0, kvh), [&] {
-                              side_lines();
-                              slice(at + 1);
+                            scores.data(), rec_of(0, kvh), &ahead, [&] {
+                              side_lines(1).All();
+                              ahead = slice(at + 1);
                             });
               } else {
-                slice(at + 1);
+                slice(at).All();
+                slice(at + 1).All();
               }
               continue;
             }
             for (int64_t i = 0; i < task.n_rows; ++i) {
-              prefetch();
+              const int64_t first_line = line_end;
+              next_share();
               const int64_t n = keys_in_chunk(i);
               if (n <= 0) {
-                side_lines();
-                continue;
-              }
-              if (!pairs) {
-                AttendChunk(a, p, q_of(i, h0), bf16 ? qp_of(i, h0) : nullptr, h1 - h0, kv, n,
-                            scores.data(), rec_of(i, kvh), side_lines);
+                cpu::Ahead{lines + first_line, line_end - first_line}.All();
+                side_lines(1).All();
                 continue;
               }
               int64_t m = 1;  // rows in this call: row i and the next that see the same keys
-              for (; m < rows_per_call && i + m < task.n_rows && keys_in_chunk(i + m) == n; ++m) {
-                prefetch();  // row i + m's share
+              for (; pairs && m < rows_per_call && i + m < task.n_rows && keys_in_chunk(i + m) == n;
+                   ++m) {
+                next_share();  // row i + m's share
               }
-              AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), m * hn, kv, n,
-                          scores.data(), pair_rec.data() + i * hn * stride, [&] {
-                            for (int64_t r = 0; r < m; ++r) side_lines();
-                          });
+              ahead = {lines + first_line, line_end - first_line};
+              auto between = [&] { ahead = side_lines(m); };
+              if (pairs) {
+                AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), m * hn, kv, n,
+                            scores.data(), pair_rec.data() + i * hn * stride, &ahead, between);
+              } else {
+                AttendChunk(a, p, q_of(i, h0), bf16 ? qp_of(i, h0) : nullptr, h1 - h0, kv, n,
+                            scores.data(), rec_of(i, kvh), &ahead, between);
+              }
               i += m - 1;
             }
           }

@@ -436,10 +436,11 @@ KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int6
 
 KVMESH_AVX2 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
                         int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
-                        float* row_max) {
+                        float* row_max, Ahead* ahead) {
+  AskAll(ahead);
   if (d > 256) {
     return GenericQkTF16(Avx2Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
-                         row_max);
+                         row_max, nullptr);
   }
   QkAllHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
     return KtF16{groups + j0 / 16, dim_stride};
@@ -520,7 +521,8 @@ KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const floa
 }
 
 KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
-                       const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
+                       const uint16_t* const* rows, int64_t n, float* o, int64_t os, Ahead* ahead) {
+  AskAll(ahead);
   if (d == 64) return PvRows(p, ps, G, F16Rows{rows}, n, o, os);
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(d));

@@ -451,13 +451,19 @@ struct KtF16 {
 // past key n hold whatever the cache has there; the stores and the maximum drop them.
 template <int GN, int VN, typename Kt>
 KVMESH_AVX512 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, float* scores,
-                          int64_t ss, float* row_max) {
+                          int64_t ss, float* row_max, Ahead& ahead) {
   __m512 acc[GN][VN];
   for (int c = 0; c < VN; ++c) {
     const __m512 k0 = k.Load(0, c);
     for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_mul_ps(_mm512_set1_ps(qs[g * d]), k0);
   }
+  const void* const* lines = ahead.lines;  // in registers for the loop
+  int64_t n_lines = ahead.n;
   for (int64_t i = 1; i < d; ++i) {
+    if (n_lines > 0) {  // one line of those ahead per dim
+      __builtin_prefetch(*lines++);
+      --n_lines;
+    }
     __m512 ki[VN];
     for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
     for (int g = 0; g < GN; ++g) {
@@ -480,20 +486,22 @@ KVMESH_AVX512 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, fl
     }
     row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
   }
+  ahead.lines = lines;
+  ahead.n = n_lines;
 }
 
 template <int GN, typename Kt>
 KVMESH_AVX512 void QkTileVn(int vn, const float* qs, int64_t d, const Kt& k, int64_t n,
-                            float* scores, int64_t ss, float* row_max) {
+                            float* scores, int64_t ss, float* row_max, Ahead& ahead) {
   switch (vn) {
     case 1:
-      return QkTile<GN, 1>(qs, d, k, n, scores, ss, row_max);
+      return QkTile<GN, 1>(qs, d, k, n, scores, ss, row_max, ahead);
     case 2:
-      return QkTile<GN, 2>(qs, d, k, n, scores, ss, row_max);
+      return QkTile<GN, 2>(qs, d, k, n, scores, ss, row_max, ahead);
     case 3:
-      return QkTile<GN, 3>(qs, d, k, n, scores, ss, row_max);
+      return QkTile<GN, 3>(qs, d, k, n, scores, ss, row_max, ahead);
     default:
-      return QkTile<GN, 4>(qs, d, k, n, scores, ss, row_max);
+      return QkTile<GN, 4>(qs, d, k, n, scores, ss, row_max, ahead);
   }
 }
 
@@ -512,14 +520,14 @@ KVMESH_AVX512 inline void WithCount(int64_t g, const F& f) {
 // kMaxG < G <= kWideG heads in one pass: tiles of G heads x 2 vectors of 16 keys.
 template <typename TileAt>
 KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, float* scores,
-                          int64_t ss, float* row_max, const TileAt& tile) {
+                          int64_t ss, float* row_max, const TileAt& tile, Ahead& ahead) {
   WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
       const auto k = tile(j0);
       if (n - j0 > 16) {
-        QkTile<GN, 2>(qs, d, k, n - j0, scores + j0, ss, row_max);
+        QkTile<GN, 2>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
       } else {
-        QkTile<GN, 1>(qs, d, k, n - j0, scores + j0, ss, row_max);
+        QkTile<GN, 1>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
       }
     }
   });
@@ -528,14 +536,18 @@ KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, floa
 // Heads in passes of up to kMaxG (a 6 x 4 tile: 24 accumulators); `tile(j0)` gives the K loader for
 // keys [j0, j0 + 64). q is read in place when scale is 1 (the caller scaled it: attention does so
 // once per call, not per chunk), else scaled into a buffer once per pass; x * 1 is x, so both give
-// the same bits.
+// the same bits. The lines ahead are asked for one per dim of each tile, the rest at the end.
 template <typename TileAt>
 KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
-                           float* scores, int64_t ss, float* row_max, const TileAt& tile) {
+                           float* scores, int64_t ss, float* row_max, const TileAt& tile,
+                           Ahead* ahead) {
+  Ahead none;
+  Ahead& a = ahead != nullptr ? *ahead : none;
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
   alignas(64) float buf[kWideG * 256];
   if (G > kMaxG && G <= kWideG) {
-    return QkWide(ScaledQuery(q, G * d, scale, buf), G, d, n, scores, ss, row_max, tile);
+    QkWide(ScaledQuery(q, G * d, scale, buf), G, d, n, scores, ss, row_max, tile, a);
+    return a.All();
   }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
@@ -546,27 +558,36 @@ KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, floa
       float* out = scores + g0 * ss + j0;
       float* mx = row_max + g0;
       WithCount<1, kMaxG>(
-          gn, [&]<int GN>() KVMESH_AVX512 { QkTileVn<GN>(vn, qs, d, k, n - j0, out, ss, mx); });
+          gn, [&]<int GN>() KVMESH_AVX512 { QkTileVn<GN>(vn, qs, d, k, n - j0, out, ss, mx, a); });
     }
   }
+  a.All();
 }
 
 KVMESH_AVX512 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts,
                        int64_t n, float scale, float* scores, int64_t ss, float* row_max) {
   if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
-  QkHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) { return KtF32{kt + j0, kts}; });
+  QkHeads(
+      q, G, d, n, scale, scores, ss, row_max,
+      [&](int64_t j0) {
+        return KtF32{kt + j0, kts};
+      },
+      nullptr);
 }
 
 KVMESH_AVX512 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
                           int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
-                          float* row_max) {
+                          float* row_max, Ahead* ahead) {
   if (d > 256) {
     return GenericQkTF16(Avx512Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
-                         row_max);
+                         row_max, ahead);
   }
-  QkHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
-    return KtF16{groups + j0 / 16, dim_stride};
-  });
+  QkHeads(
+      q, G, d, n, scale, scores, ss, row_max,
+      [&](int64_t j0) {
+        return KtF16{groups + j0 / 16, dim_stride};
+      },
+      ahead);
 }
 
 // dst[r * dst_stride + c] = float(src[r * src_stride + c]) for r < rows, c < cols.
@@ -658,12 +679,18 @@ KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* 
 // counts so the G x C accumulators stay in registers.
 template <int G, int C, typename Rows>
 KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os,
-                           int c0) {
+                           int c0, Ahead& ahead) {
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (c0 + c));
   }
+  const void* const* lines = ahead.lines;  // in registers for the loop
+  int64_t n_lines = ahead.n;
   for (int64_t j = 0; j < n; ++j) {
+    if (n_lines > 0) {  // one line of those ahead per key
+      __builtin_prefetch(*lines++);
+      --n_lines;
+    }
     __m512 vv[C];
     for (int c = 0; c < C; ++c) vv[c] = InRegister(v.Load(j, c0 + c));
     for (int g = 0; g < G; ++g) {
@@ -674,35 +701,42 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float*
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + g * os + 16 * (c0 + c), acc[g][c]);
   }
+  ahead.lines = lines;
+  ahead.n = n_lines;
 }
 
 // Any number of heads (each head's sums are its own: same bits for any G): kMaxG < G <= kWideG
 // in one pass over each half of d (G x 2 accumulators), else passes of up to kMaxG over all of
-// d.
+// d. The lines ahead are asked for one per key of each pass, the rest at the end.
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
-                          int64_t os) {
+                          int64_t os, Ahead* ahead) {
+  Ahead none;
+  Ahead& a = ahead != nullptr ? *ahead : none;
   if (G > kMaxG && G <= kWideG) {
-    return WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
-      for (int c0 = 0; c0 < 4; c0 += 2) PvRowsG<GN, 2>(p, ps, v, n, o, os, c0);
+    WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
+      for (int c0 = 0; c0 < 4; c0 += 2) PvRowsG<GN, 2>(p, ps, v, n, o, os, c0, a);
     });
+    return a.All();
   }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
     WithCount<1, kMaxG>(std::min(kMaxG, G - g0),
-                        [&]<int GN>() KVMESH_AVX512 { PvRowsG<GN, 4>(p, ps, v, n, o, os, 0); });
+                        [&]<int GN>() KVMESH_AVX512 { PvRowsG<GN, 4>(p, ps, v, n, o, os, 0, a); });
   }
+  a.All();
 }
 
 KVMESH_AVX512 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const float* v, int64_t n,
                       float* o, int64_t os) {
   if (d != 64) return GenericPv(p, ps, G, d, v, n, o, os);
-  PvRows(p, ps, G, F32Rows{v, 64}, n, o, os);
+  PvRows(p, ps, G, F32Rows{v, 64}, n, o, os, nullptr);
 }
 
 KVMESH_AVX512 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
-                         const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
-  if (d != 64) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os);
-  PvRows(p, ps, G, F16Rows{rows}, n, o, os);
+                         const uint16_t* const* rows, int64_t n, float* o, int64_t os,
+                         Ahead* ahead) {
+  if (d != 64) return GenericPvF16(Avx512Primitives(), p, ps, G, d, rows, n, o, os, ahead);
+  PvRows(p, ps, G, F16Rows{rows}, n, o, os, ahead);
 }
 
 KVMESH_AVX512 void F16ToF32(const uint16_t* src, float* dst, int64_t n) {

@@ -160,7 +160,8 @@ void GenericF16ToF32Tile(const uint16_t* src, int64_t src_stride, float* dst, in
 
 void GenericQkTF16(const Primitives& p, const float* q, int64_t G, int64_t d,
                    const uint16_t* const* groups, int64_t dim_stride, int64_t n, float scale,
-                   float* scores, int64_t ss, float* row_max) {
+                   float* scores, int64_t ss, float* row_max, Ahead* ahead) {
+  AskAll(ahead);
   thread_local std::vector<float> kt;
   const int64_t kts = (n + 15) / 16 * 16;
   kt.resize(static_cast<size_t>(d * kts));
@@ -184,7 +185,8 @@ void GenericPv(const float* pr, int64_t ps, int64_t G, int64_t d, const float* v
 }
 
 void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, int64_t d,
-                  const uint16_t* const* rows, int64_t n, float* o, int64_t os) {
+                  const uint16_t* const* rows, int64_t n, float* o, int64_t os, Ahead* ahead) {
+  AskAll(ahead);
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(d));
   for (int64_t j = 0; j < n; ++j) {

@@ -876,20 +876,25 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
         }
       }
       std::vector<float> s16(G * 64, -1.0f), s32(G * 64, -1.0f), m16(G), m32(G);
-      p.qk_t_f16(qv.data(), G, 64, groups, 32, n, 0.125f, s16.data(), 64, m16.data());
+      p.qk_t_f16(qv.data(), G, 64, groups, 32, n, 0.125f, s16.data(), 64, m16.data(), nullptr);
       p.qk_t(qv.data(), G, 64, kt16.data(), 64, n, 0.125f, s32.data(), 64, m32.data());
       ASSERT_EQ(s16, s32) << "fp16 groups, G " << G << " n " << n;
       ASSERT_EQ(m16, m32);
       // q scaled by the caller and passed at scale 1 (attention's way, read in place): the same
       // bits; and a group's positions past key n, which a kernel may load, change nothing even
-      // when they hold NaN.
+      // when they hold NaN. Lines to ask for during the call (more than its loops take, so the
+      // rest are asked for at its end) change nothing, and the kernel takes all of them.
       std::vector<float> qs(qv.size());
       for (size_t i = 0; i < qv.size(); ++i) qs[i] = qv[i] * 0.125f;
       for (int64_t j = n; j < 64; ++j) {
         for (int64_t i = 0; i < 64; ++i) h16[j / 16 * 64 * 32 + 5 + i * 32 + j % 16] = 0x7e00;
       }
       std::vector<float> s1(G * 64, -1.0f), m1(G), t1(G * 64, -1.0f), tm1(G);
-      p.qk_t_f16(qs.data(), G, 64, groups, 32, n, 1.0f, s1.data(), 64, m1.data());
+      std::vector<const void*> lines;
+      for (size_t l = 0; l < h16.size(); l += 32) lines.push_back(h16.data() + l);
+      cpu::Ahead ahead{lines.data(), static_cast<int64_t>(lines.size())};
+      p.qk_t_f16(qs.data(), G, 64, groups, 32, n, 1.0f, s1.data(), 64, m1.data(), &ahead);
+      ASSERT_EQ(ahead.n, 0);
       p.qk_t(qs.data(), G, 64, kt.data(), 64, n, 1.0f, t1.data(), 64, tm1.data());
       ASSERT_EQ(s1, s16) << "prescaled q, fp16 groups, G " << G << " n " << n;
       ASSERT_EQ(m1, m16);
@@ -907,9 +912,11 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
   for (int64_t G = 1; G <= 13; ++G) {
     for (int64_t n : {1, 17, 64}) {
       std::vector<float> all(o0.begin(), o0.end()), one(o0.begin(), o0.end());
-      p.pv_f16(pw.data(), 64, G, 64, vrows, n, all.data() + 2, 66);
+      cpu::Ahead ahead{reinterpret_cast<const void* const*>(vrows), 64};
+      p.pv_f16(pw.data(), 64, G, 64, vrows, n, all.data() + 2, 66, &ahead);
+      ASSERT_EQ(ahead.n, 0);
       for (int64_t g = 0; g < G; ++g) {
-        p.pv_f16(pw.data() + g * 64, 64, 1, 64, vrows, n, one.data() + g * 66 + 2, 66);
+        p.pv_f16(pw.data() + g * 64, 64, 1, 64, vrows, n, one.data() + g * 66 + 2, 66, nullptr);
       }
       ASSERT_EQ(all, one) << "pv, G " << G << " n " << n;
     }
