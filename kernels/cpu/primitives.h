@@ -142,12 +142,14 @@ struct Primitives {
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
-// The vector exp (Exp8 in primitives_avx2.cc, Exp16 in primitives_avx512.cc; lane for lane the
-// same operations, so the same bits): x clamped to [kLo, kHi], n = round(x * kLog2e),
-// r = x - n * kLn2Hi - n * kLn2Lo, exp(r) by the polynomial kPoly (highest degree first, then
-// r^2 * p + r + 1), scaled by 2^n built in the exponent bits.
+// The vector exp (Exp8 in primitives_avx2.cc, Exp16 in primitives_avx512.cc; the same bits):
+// x clamped to [kLo, kHi], n = round(x * kLog2e), r = x - n * kLn2Hi - n * kLn2Lo, exp(r) by the
+// polynomial kPoly (highest degree first, then r^2 * p + r + 1), times 2^n (Exp8 builds 2^n in
+// the exponent bits, Exp16 scales by it in one VSCALEFPS: one rounding of the same product, so
+// the same result while 2^n is a normal float: -126 <= n <= 127, which the clamp keeps; with
+// kHi = 88.7, n = 128 made Exp8's 2^n an Inf where VSCALEFPS gives the finite product).
 namespace vexp {
-constexpr float kLo = -87.3f, kHi = 88.7f, kLog2e = 1.44269504088896341f;
+constexpr float kLo = -87.3f, kHi = 88.0f, kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};

@@ -160,7 +160,7 @@ KVMESH_AVX2 float DotF32F32(const float* x, const float* y, int64_t n) {
 }
 
 // exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), a degree-6
-// polynomial for exp(r), and 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.7]
+// polynomial for exp(r), and 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.0]
 // so the result stays a normal float (exp of anything lower is taken as exp(-87.3) ~ 1e-38).
 KVMESH_AVX2 inline __m256 Exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(vexp::kLo)), _mm256_set1_ps(vexp::kHi));

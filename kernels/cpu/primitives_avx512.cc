@@ -619,9 +619,9 @@ KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
   __m512 p = _mm512_set1_ps(vexp::kPoly[0]);
   for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(vexp::kPoly[i]));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  // p * 2^n in one VSCALEFPS (vexp in primitives.h). Against building 2^n (convert, add, shift,
+  // multiply), in-process A/B: BM_PagedAttentionSharedDecode 1024|4096/16/2/16|100 0.988-0.991x.
+  return _mm512_scalef_ps(p, n);
 }
 
 // y = exp(x - shift) with its sum, for GN rows at once (row g at x + g * xs, y + g * xs): per
