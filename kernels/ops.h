@@ -141,6 +141,8 @@ void AddInPlaceCpu(float* x, const float* y, int64_t n);
 
 // dst[i] = fp16(src[i]).
 void ConvertToFp16Cpu(const float* src, uint16_t* dst, int64_t n);
+// The first index of the largest of x[0, n); a NaN is never chosen (0 if every value is NaN).
+int64_t ArgMaxCpu(const float* x, int64_t n);
 // dst[i] = bf16(src[i]): round to nearest even, magnitudes below 2^-60 to zero
 // (kernels/cpu/primitives.h Bf16Of).
 void ConvertToBf16Cpu(const float* src, uint16_t* dst, int64_t n);

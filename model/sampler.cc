@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::model {
@@ -27,23 +28,10 @@ absl::Status SamplingParams::Validate() const {
 
 namespace {
 
-// The first index of the largest logit (as std::max_element), in two passes the compiler turns
-// into vector code: the maximum over 16 lanes, then the first position holding it. A NaN logit
-// compares false and is never chosen (std::max_element's choice would depend on its position).
+// The first index of the largest logit (as std::max_element); a NaN logit is never chosen
+// (std::max_element's choice would depend on its position).
 int32_t ArgMax(std::span<const float> x) {
-  constexpr size_t kLanes = 16;
-  float lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
-  size_t i = 0;
-  for (; i + kLanes <= x.size(); i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
-  }
-  float m = *std::max_element(lanes, lanes + kLanes);
-  for (; i < x.size(); ++i) m = x[i] > m ? x[i] : m;
-  for (size_t k = 0; k < x.size(); ++k) {
-    if (x[k] == m) return static_cast<int32_t>(k);
-  }
-  return 0;  // every logit is NaN or -inf
+  return static_cast<int32_t>(kernels::ArgMaxCpu(x.data(), static_cast<int64_t>(x.size())));
 }
 
 }  // namespace

@@ -88,4 +88,6 @@ void ConvertToFp16Cpu(const float* src, uint16_t* dst, int64_t n) {
   cpu::Prims().to_fp16(src, dst, n);
 }
 
+int64_t ArgMaxCpu(const float* x, int64_t n) { return cpu::Prims().argmax(x, n); }
+
 }  // namespace kvmesh::kernels

@@ -140,6 +140,9 @@ struct Primitives {
                           int64_t rows, int64_t cols) = nullptr;
   // dst[i] = fp16(src[i]), round to nearest even.
   void (*to_fp16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  // The first index of the largest of x[0, n) (greedy sampling over the vocabulary). A NaN
+  // compares false and is never chosen; 0 when every value is NaN.
+  int64_t (*argmax)(const float* x, int64_t n) = nullptr;
 };
 
 // The vector exp (Exp8 in primitives_avx2.cc, Exp16 in primitives_avx512.cc; the same bits):

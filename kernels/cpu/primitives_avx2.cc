@@ -987,7 +987,8 @@ const Primitives& Avx2Primitives() {
       .to_bf16 = GenericToBf16,
       .f16_to_f32 = F16ToF32,
       .f16_to_f32_tile = F16ToF32Tile,
-      .to_fp16 = ToFp16};
+      .to_fp16 = ToFp16,
+      .argmax = ScalarPrimitives().argmax};  // the scalar loops, vectorised by the compiler
   return t;
 }
 

@@ -126,6 +126,24 @@ void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// In two passes the compiler turns into vector code: the maximum over 16 lanes, then the first
+// position holding it.
+int64_t ArgMax(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float m = *std::max_element(lanes, lanes + kLanes);
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int64_t k = 0; k < n; ++k) {
+    if (x[k] == m) return k;
+  }
+  return 0;  // every value is NaN
+}
+
 void ToFp16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
 }
@@ -263,7 +281,8 @@ const Primitives& ScalarPrimitives() {
                             .to_bf16 = GenericToBf16,
                             .f16_to_f32 = F16ToF32,
                             .f16_to_f32_tile = GenericF16ToF32Tile,
-                            .to_fp16 = ToFp16};
+                            .to_fp16 = ToFp16,
+                            .argmax = ArgMax};
   return t;
 }
 

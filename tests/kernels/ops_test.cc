@@ -744,7 +744,7 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
         (const void*)p.exp_shifted_sum, (const void*)p.f16_to_f32_tile, (const void*)p.qk_t_f16,
         (const void*)p.f16_to_f32, (const void*)p.quantize_a16, (const void*)p.exp_shifted,
         (const void*)p.silu_mul, (const void*)p.pv, (const void*)p.to_fp16,
-        (const void*)p.quantize_a8, (const void*)p.packed_tile_a8}) {
+        (const void*)p.quantize_a8, (const void*)p.packed_tile_a8, (const void*)p.argmax}) {
     ASSERT_NE(fn, nullptr) << "a primitive is missing from the " << IsaName(GetParam()) << " table";
   }
   const auto& ref = cpu::ScalarPrimitives();
@@ -832,6 +832,39 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     std::vector<uint16_t> h(n);
     p.to_fp16(g.data(), h.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], FloatToFp16(g[i]));
+  }
+  // argmax: the first index of the largest value as the scalar loops find it, also for ties
+  // across lanes (the first in a later lane than a second copy), in the tail, for +-inf and
+  // NaN (never chosen), and when nothing is above -inf.
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : {1, 5, 16, 17, 33, 1000, 49152, 49157}) {
+    const auto base = Randn(n, static_cast<uint32_t>(n + 9));
+    std::vector<std::vector<float>> cases{base};
+    auto with = [&](std::initializer_list<std::pair<int64_t, float>> sets) {
+      std::vector<float> v = base;
+      for (auto [i, x] : sets) {
+        if (i < n) v[i] = x;
+      }
+      cases.push_back(v);
+    };
+    with({{n - 1, 9.0f}});                        // the maximum last (the tail)
+    with({{7, 9.0f}, {2, 9.0f}, {n - 1, 9.0f}});  // ties: index 2, lane 2 before lane 7
+    with({{18, 9.0f}, {3, 9.0f}});                // ties: lane 3 at 3, lane 2 at 18
+    with({{34, 9.0f}, {18, 9.0f}});               // ties in one lane: 18, then 34
+    with({{0, kNaN}, {4, kNaN}, {n / 2, kInf}});
+    cases.push_back(std::vector<float>(n, -kInf));
+    cases.push_back(std::vector<float>(n, kNaN));
+    std::vector<float> mixed(n, kNaN);
+    mixed[n - 1] = -kInf;
+    if (n > 3) mixed[3] = -kInf;
+    cases.push_back(mixed);
+    for (size_t c = 0; c < cases.size(); ++c) {
+      ASSERT_EQ(p.argmax(cases[c].data(), n), ref.argmax(cases[c].data(), n))
+          << "argmax, n " << n << " case " << c;
+    }
+    const auto& v = cases[2];
+    ASSERT_EQ(p.argmax(v.data(), n), n > 2 ? 2 : 0);
   }
   // The vector exps (AVX2's 8 lanes, AVX-512's 16: its exp_shifted_sum) are the same operations
   // lane for lane, so the same bits, over the clamp's whole range: results that are subnormal at
