@@ -449,9 +449,11 @@ struct KtF16 {
 // (sizes fixed at compile time); each dim's K vectors are loaded once for all heads. Head g's
 // scaled query is qs[g * d + i]. K is read in whole vectors (the loaders' contract), so lanes
 // past key n hold whatever the cache has there; the stores and the maximum drop them.
-template <int GN, int VN, typename Kt>
-KVMESH_AVX512 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, float* scores,
+// D: d at compile time (QkHeads), else 0.
+template <int GN, int VN, int D = 0, typename Kt>
+KVMESH_AVX512 void QkTile(const float* qs, int64_t d_arg, const Kt& k, int64_t n, float* scores,
                           int64_t ss, float* row_max, Ahead& ahead) {
+  const int64_t d = D > 0 ? D : d_arg;
   __m512 acc[GN][VN];
   for (int c = 0; c < VN; ++c) {
     const __m512 k0 = k.Load(0, c);
@@ -490,18 +492,18 @@ KVMESH_AVX512 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, fl
   ahead.n = n_lines;
 }
 
-template <int GN, typename Kt>
+template <int GN, int D, typename Kt>
 KVMESH_AVX512 void QkTileVn(int vn, const float* qs, int64_t d, const Kt& k, int64_t n,
                             float* scores, int64_t ss, float* row_max, Ahead& ahead) {
   switch (vn) {
     case 1:
-      return QkTile<GN, 1>(qs, d, k, n, scores, ss, row_max, ahead);
+      return QkTile<GN, 1, D>(qs, d, k, n, scores, ss, row_max, ahead);
     case 2:
-      return QkTile<GN, 2>(qs, d, k, n, scores, ss, row_max, ahead);
+      return QkTile<GN, 2, D>(qs, d, k, n, scores, ss, row_max, ahead);
     case 3:
-      return QkTile<GN, 3>(qs, d, k, n, scores, ss, row_max, ahead);
+      return QkTile<GN, 3, D>(qs, d, k, n, scores, ss, row_max, ahead);
     default:
-      return QkTile<GN, 4>(qs, d, k, n, scores, ss, row_max, ahead);
+      return QkTile<GN, 4, D>(qs, d, k, n, scores, ss, row_max, ahead);
   }
 }
 
@@ -518,16 +520,16 @@ KVMESH_AVX512 inline void WithCount(int64_t g, const F& f) {
 }
 
 // kMaxG < G <= kWideG heads in one pass: tiles of G heads x 2 vectors of 16 keys.
-template <typename TileAt>
+template <int D, typename TileAt>
 KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, float* scores,
                           int64_t ss, float* row_max, const TileAt& tile, Ahead& ahead) {
   WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
       const auto k = tile(j0);
       if (n - j0 > 16) {
-        QkTile<GN, 2>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
+        QkTile<GN, 2, D>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
       } else {
-        QkTile<GN, 1>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
+        QkTile<GN, 1, D>(qs, d, k, n - j0, scores + j0, ss, row_max, ahead);
       }
     }
   });
@@ -537,17 +539,15 @@ KVMESH_AVX512 void QkWide(const float* qs, int64_t G, int64_t d, int64_t n, floa
 // keys [j0, j0 + 64). q is read in place when scale is 1 (the caller scaled it: attention does so
 // once per call, not per chunk), else scaled into a buffer once per pass; x * 1 is x, so both give
 // the same bits. The lines ahead are asked for one per dim of each tile, the rest at the end.
-template <typename TileAt>
-KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
-                           float* scores, int64_t ss, float* row_max, const TileAt& tile,
-                           Ahead* ahead) {
-  Ahead none;
-  Ahead& a = ahead != nullptr ? *ahead : none;
+template <int D, typename TileAt>
+KVMESH_AVX512 void QkHeadsD(const float* q, int64_t G, int64_t d, int64_t n, float scale,
+                            float* scores, int64_t ss, float* row_max, const TileAt& tile,
+                            Ahead& a) {
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
   alignas(64) float buf[kWideG * 256];
   if (G > kMaxG && G <= kWideG) {
-    QkWide(ScaledQuery(q, G * d, scale, buf), G, d, n, scores, ss, row_max, tile, a);
-    return a.All();
+    QkWide<D>(ScaledQuery(q, G * d, scale, buf), G, d, n, scores, ss, row_max, tile, a);
+    return;
   }
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
@@ -557,9 +557,29 @@ KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, floa
       const auto k = tile(j0);
       float* out = scores + g0 * ss + j0;
       float* mx = row_max + g0;
-      WithCount<1, kMaxG>(
-          gn, [&]<int GN>() KVMESH_AVX512 { QkTileVn<GN>(vn, qs, d, k, n - j0, out, ss, mx, a); });
+      WithCount<1, kMaxG>(gn, [&]<int GN>() KVMESH_AVX512 {
+        QkTileVn<GN, D>(vn, qs, d, k, n - j0, out, ss, mx, a);
+      });
     }
+  }
+}
+
+// Head g's query at qs + g * d: with d a compile-time 64 (this model's head dim, the common one)
+// the tiles' broadcasts of the heads' q values are one base register plus constant offsets; with
+// d known only at run time GCC kept a pointer per head, some of them in vector registers moved
+// back for each dim (VMOVQ, on a port the fused multiply-adds use). With p.v's weights' stride
+// at compile time too (PvRows), in-process A/B: BM_PagedAttentionSharedDecode
+// 1024|4096/16/2/0|16|100 0.950-0.969x, one row (1024|4096/1/2/100, 0/16/2/100) 0.989-0.995x.
+template <typename TileAt>
+KVMESH_AVX512 void QkHeads(const float* q, int64_t G, int64_t d, int64_t n, float scale,
+                           float* scores, int64_t ss, float* row_max, const TileAt& tile,
+                           Ahead* ahead) {
+  Ahead none;
+  Ahead& a = ahead != nullptr ? *ahead : none;
+  if (d == 64) {
+    QkHeadsD<64>(q, G, d, n, scale, scores, ss, row_max, tile, a);
+  } else {
+    QkHeadsD<0>(q, G, d, n, scale, scores, ss, row_max, tile, a);
   }
   a.All();
 }
@@ -677,9 +697,11 @@ KVMESH_AVX512 void ExpShiftedSums(float* x, int64_t xs, int64_t G, const float* 
 
 // G heads' outputs over C of d's four 16-float vectors, from vector c0: G and C are compile-time
 // counts so the G x C accumulators stay in registers.
-template <int G, int C, typename Rows>
-KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o, int64_t os,
+// PS: ps at compile time (PvRows), else 0.
+template <int G, int C, int PS = 0, typename Rows>
+KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps_arg, Rows v, int64_t n, float* o, int64_t os,
                            int c0, Ahead& ahead) {
+  const int64_t ps = PS > 0 ? PS : ps_arg;
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (c0 + c));
@@ -707,21 +729,32 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float*
 
 // Any number of heads (each head's sums are its own: same bits for any G): kMaxG < G <= kWideG
 // in one pass over each half of d (G x 2 accumulators), else passes of up to kMaxG over all of
-// d. The lines ahead are asked for one per key of each pass, the rest at the end.
+// d. PS: the weights' row stride at compile time (attention's 64, as QkHeads's d), else 0.
+template <int PS, typename Rows>
+KVMESH_AVX512 void PvRowsP(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
+                           int64_t os, Ahead& a) {
+  if (G > kMaxG && G <= kWideG) {
+    return WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
+      for (int c0 = 0; c0 < 4; c0 += 2) PvRowsG<GN, 2, PS>(p, ps, v, n, o, os, c0, a);
+    });
+  }
+  for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
+    WithCount<1, kMaxG>(std::min(kMaxG, G - g0), [&]<int GN>() KVMESH_AVX512 {
+      PvRowsG<GN, 4, PS>(p, ps, v, n, o, os, 0, a);
+    });
+  }
+}
+
+// The lines ahead are asked for one per key of each pass, the rest at the end.
 template <typename Rows>
 KVMESH_AVX512 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n, float* o,
                           int64_t os, Ahead* ahead) {
   Ahead none;
   Ahead& a = ahead != nullptr ? *ahead : none;
-  if (G > kMaxG && G <= kWideG) {
-    WithCount<kMaxG + 1, kWideG>(G, [&]<int GN>() KVMESH_AVX512 {
-      for (int c0 = 0; c0 < 4; c0 += 2) PvRowsG<GN, 2>(p, ps, v, n, o, os, c0, a);
-    });
-    return a.All();
-  }
-  for (int64_t g0 = 0; g0 < G; g0 += kMaxG, p += kMaxG * ps, o += kMaxG * os) {
-    WithCount<1, kMaxG>(std::min(kMaxG, G - g0),
-                        [&]<int GN>() KVMESH_AVX512 { PvRowsG<GN, 4>(p, ps, v, n, o, os, 0, a); });
+  if (ps == 64) {
+    PvRowsP<64>(p, ps, G, v, n, o, os, a);
+  } else {
+    PvRowsP<0>(p, ps, G, v, n, o, os, a);
   }
   a.All();
 }
