@@ -260,26 +260,44 @@ elif mode == "limits":
     print("serve limits: oversized body -> 413")
 
 elif mode == "overload":
-    # One running sequence, one waiting: of 8 concurrent long requests some get 429 at once, the
-    # admitted ones complete.
+    # One running sequence (max_num_seqs 1) and one waiting (max_waiting 1): with a long request
+    # running and a second queued behind it, every further request is refused with 429 at once,
+    # and the two admitted ones complete. Each stage waits for the server's gauges: 8 requests
+    # sent at once raced the scheduler (under load all 8 could arrive while the first was still
+    # queued, and then it alone was admitted).
+    import time
+
+    def wait_for(name, value):
+        deadline = time.time() + 60
+        while metric(name) != value:
+            check(time.time() < deadline, f"{name} never reached {value}")
+            time.sleep(0.01)
+
     results = []
 
-    def one():
-        results.append(call("POST", "/v1/completions",
-                            {"prompt": "Count:", "max_tokens": 64, "ignore_eos": True,
-                             "temperature": 0}))
+    def one(max_tokens):
+        code, body, _ = call("POST", "/v1/completions",
+                             {"prompt": "Count:", "max_tokens": max_tokens, "ignore_eos": True,
+                              "temperature": 0})
+        results.append((code, body, max_tokens))
 
-    threads = [threading.Thread(target=one) for _ in range(8)]
-    for t in threads:
+    threads = [threading.Thread(target=one, args=(512,))]  # long enough to outlast the rest
+    threads[0].start()
+    wait_for("kvmesh:num_requests_running", 1)
+    threads.append(threading.Thread(target=one, args=(16,)))
+    threads[1].start()
+    wait_for("kvmesh:num_requests_waiting", 1)
+    threads += [threading.Thread(target=one, args=(16,)) for _ in range(6)]
+    for t in threads[2:]:
         t.start()
     for t in threads:
         t.join()
     codes = sorted(c for c, _, _ in results)
-    check(codes.count(429) >= 1 and codes.count(200) >= 2 and set(codes) <= {200, 429},
-          f"overload codes {codes}")
-    for c, body, _ in results:
+    check(codes == [200, 200] + [429] * 6, f"overload codes {codes}")
+    for c, body, max_tokens in results:
         if c == 200:
-            check(json.loads(body)["usage"]["completion_tokens"] == 64, "admitted requests complete")
+            check(json.loads(body)["usage"]["completion_tokens"] == max_tokens,
+                  "admitted requests complete")
     print(f"serve overload: codes {codes}")
 
 elif mode == "reuse":
