@@ -644,6 +644,21 @@ KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// silu(gate) * up, 16 lanes: AVX2's SiluMul's operations lane for lane (Exp16 gives Exp8's bits),
+// the last n % 16 values by it (its 8-lane step, then std::exp), so the same bits for any n.
+// Against AVX2's 8 lanes, in-process A/B: the 16-sequence decode step at 1K 0.981-1.003x
+// (median 0.984x, seven windows of 48 steps each).
+KVMESH_AVX512 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, Exp16(_mm512_sub_ps(zero, g))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) Avx2Primitives().silu_mul(gate + i, up + i, out + i, n - i);
+}
+
 // y = exp(x - shift) with its sum, for GN rows at once (row g at x + g * xs, y + g * xs): per
 // row 16 lanes of partial sums (the tail's unused lanes add zero), then one reduction. The rows'
 // vectors are independent, so their exps overlap instead of each row's few vectors waiting on
@@ -1047,6 +1062,7 @@ const Primitives& Avx512Primitives() {
     d.f16_to_f32 = F16ToF32;
     d.to_bf16 = ToBf16;
     d.argmax = ArgMax;
+    d.silu_mul = SiluMul;
     if (HardwareBf16MatchesReference()) {
       d.qk_bf16 = QkBf16;
       d.pv_bf16 = PvBf16;

@@ -879,6 +879,18 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(std::bit_cast<uint32_t>(y16[i]), std::bit_cast<uint32_t>(y8[i])) << x[i];
     }
+    // SiLU's 16 lanes: AVX2's bits for every length (its tail included).
+    for (int64_t n : {1, 7, 8, 15, 16, 23, 31, 1536, 1543}) {
+      std::vector<float> g(n), u = Randn(n, 77);
+      for (int64_t i = 0; i < n; ++i) g[i] = x[(i * 7919) % x.size()];
+      std::vector<float> o16(n), o8(n);
+      p.silu_mul(g.data(), u.data(), o16.data(), n);
+      cpu::Avx2Primitives().silu_mul(g.data(), u.data(), o8.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(o16[i]), std::bit_cast<uint32_t>(o8[i]))
+            << "silu n " << n << " at " << i << " gate " << g[i];
+      }
+    }
   }
   // fp16 tiles: exact conversion of rows x cols, nothing written outside them.
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 64}, {5, 37}}) {
