@@ -14,12 +14,19 @@ namespace kvmesh::kernels::cpu {
 // next chunk, the next units' keys): a hint, on which no result depends. The kernel asks for all
 // of them before it returns, spread over its loop where it can (a burst of prefetches stalls on
 // the core's miss buffers: attention's bursts of up to 64 lines took ~6% of a 16-sequence
-// layer), else at its start, and leaves n at 0. Null: none.
+// layer), else at its start, and leaves n at 0. Null: none. A kernel's loop steps call One() on
+// a local copy (kept in registers) and store it back after the loop.
 struct Ahead {
   const void* const* lines = nullptr;
   int64_t n = 0;
+  void One() {
+    if (n > 0) {
+      __builtin_prefetch(*lines++);
+      --n;
+    }
+  }
   void All() {
-    for (; n > 0; --n) __builtin_prefetch(*lines++);
+    while (n > 0) One();
   }
 };
 inline void AskAll(Ahead* a) {

@@ -459,13 +459,9 @@ KVMESH_AVX512 void QkTile(const float* qs, int64_t d_arg, const Kt& k, int64_t n
     const __m512 k0 = k.Load(0, c);
     for (int g = 0; g < GN; ++g) acc[g][c] = _mm512_mul_ps(_mm512_set1_ps(qs[g * d]), k0);
   }
-  const void* const* lines = ahead.lines;  // in registers for the loop
-  int64_t n_lines = ahead.n;
+  Ahead a = ahead;  // in registers for the loop
   for (int64_t i = 1; i < d; ++i) {
-    if (n_lines > 0) {  // one line of those ahead per dim
-      __builtin_prefetch(*lines++);
-      --n_lines;
-    }
+    a.One();  // one line of those ahead per dim
     __m512 ki[VN];
     for (int c = 0; c < VN; ++c) ki[c] = InRegister(k.Load(i, c));
     for (int g = 0; g < GN; ++g) {
@@ -488,8 +484,7 @@ KVMESH_AVX512 void QkTile(const float* qs, int64_t d_arg, const Kt& k, int64_t n
     }
     row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
   }
-  ahead.lines = lines;
-  ahead.n = n_lines;
+  ahead = a;
 }
 
 template <int GN, int D, typename Kt>
@@ -721,13 +716,9 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps_arg, Rows v, int64_t n, fl
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * (c0 + c));
   }
-  const void* const* lines = ahead.lines;  // in registers for the loop
-  int64_t n_lines = ahead.n;
+  Ahead a = ahead;  // in registers for the loop
   for (int64_t j = 0; j < n; ++j) {
-    if (n_lines > 0) {  // one line of those ahead per key
-      __builtin_prefetch(*lines++);
-      --n_lines;
-    }
+    a.One();  // one line of those ahead per key
     __m512 vv[C];
     for (int c = 0; c < C; ++c) vv[c] = InRegister(v.Load(j, c0 + c));
     for (int g = 0; g < G; ++g) {
@@ -738,8 +729,7 @@ KVMESH_AVX512 void PvRowsG(const float* p, int64_t ps_arg, Rows v, int64_t n, fl
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + g * os + 16 * (c0 + c), acc[g][c]);
   }
-  ahead.lines = lines;
-  ahead.n = n_lines;
+  ahead = a;
 }
 
 // Any number of heads (each head's sums are its own: same bits for any G): kMaxG < G <= kWideG

@@ -866,9 +866,9 @@ TEST_P(IsaTest, VectorPrimitivesMatchScalarReference) {
     const auto& v = cases[2];
     ASSERT_EQ(p.argmax(v.data(), n), n > 2 ? 2 : 0);
   }
-  // The vector exps (AVX2's 8 lanes, AVX-512's 16: its exp_shifted_sum) are the same operations
-  // lane for lane, so the same bits, over the clamp's whole range: results that are subnormal at
-  // its low end, and Inf past 2^128 at its high end (primitives.h vexp).
+  // The vector exps (AVX2's 8 lanes, AVX-512's 16: its exp_shifted_sum) give the same bits over
+  // the clamp's whole range and past it: results that are subnormal at its low end, and its top,
+  // where 2^n is 2^127 (primitives.h vexp).
   if (GetParam() == Isa::kAvx512 || GetParam() == Isa::kAmx) {
     std::vector<float> x;
     for (float v = -100.0f; v < 100.0f; v += 0.00390625f) x.push_back(v);
