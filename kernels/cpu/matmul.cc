@@ -25,6 +25,7 @@ struct Quantised {
   BlockA16* a16 = nullptr;
   BlockA8* a8 = nullptr;
   uint8_t* a16_split = nullptr;  // a16's blocks split into bytes, where the table uses them
+  cpu::BlockA16Head* a16_heads = nullptr;  // and their scales
 };
 
 // Quantises the activations (in parallel over tokens) into the buffers, in the widths asked for;
@@ -46,14 +47,17 @@ Quantised QuantizeActivations(const float* x, int64_t tokens, int64_t cols, bool
   }
   const auto& prims = cpu::Prims();
   if (a16 && prims.split_a16 != nullptr && tokens >= cpu::kTileMinTokens) {
-    buf_split.resize(static_cast<size_t>(tokens * nb * 64));
+    buf_split.resize(static_cast<size_t>(tokens * nb * (64 + sizeof(cpu::BlockA16Head))));
     q.a16_split = buf_split.data();
+    q.a16_heads = reinterpret_cast<cpu::BlockA16Head*>(buf_split.data() + tokens * nb * 64);
   }
   pool.ParallelFor(tokens, 1, [&](int64_t t0, int64_t t1) {
     if (prepare) prepare(t0, t1);
     for (int64_t t = t0; t < t1; ++t) {
       if (a16) prims.quantize_a16(x + t * cols, q.a16 + t * nb, cols);
-      if (q.a16_split != nullptr) prims.split_a16(q.a16 + t * nb, nb, q.a16_split + t * nb * 64);
+      if (q.a16_split != nullptr) {
+        prims.split_a16(q.a16 + t * nb, nb, q.a16_split + t * nb * 64, q.a16_heads + t * nb);
+      }
       if (a8) prims.quantize_a8(x + t * cols, q.a8 + t * nb, cols);
     }
   });
@@ -130,8 +134,8 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
       return d.packed_tile_a8(a.w.type, group, nb, q.a8, nb, a.tokens, a.out + r0, a.ldo, next);
     }
     if (q.a16_split != nullptr) {
-      return d.packed_tile_split(a.w.type, group, nb, q.a16, q.a16_split, nb, a.tokens, a.out + r0,
-                                 a.ldo, next);
+      return d.packed_tile_split(a.w.type, group, nb, q.a16, q.a16_split, q.a16_heads, nb, a.tokens,
+                                 a.out + r0, a.ldo, next);
     }
     return d.packed_tile(a.w.type, group, nb, q.a16, nb, a.tokens, a.out + r0, a.ldo, next);
   }

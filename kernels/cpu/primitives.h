@@ -36,6 +36,14 @@ inline void AskAll(Ahead* a) {
 // Fewest tokens a product runs on tiles (packed_tile_split) where the table has them.
 inline constexpr int64_t kTileMinTokens = 8;
 
+// A BlockA16's scales as split_a16 copies them for packed_tile_split, 16 bytes a block.
+struct BlockA16Head {
+  float d;
+  int32_t sum;
+  float dsum;
+  uint32_t unused;
+};
+
 struct Primitives {
   // Weight blocks x against activation blocks y (see BlockA16).
   float (*q4_0_a16)(const BlockQ4_0* x, const BlockA16* y, int64_t nb);
@@ -70,12 +78,15 @@ struct Primitives {
   // Optional (the AMX table): packed_tile against activations also split once per product input,
   // for products of at least kTileMinTokens tokens (below it the split would go unused).
   // split_a16 writes block i of a as 64 bytes at out + 64 i, the 32 values' low bytes then their
-  // high bytes; packed_tile_split is packed_tile with those bytes beside a (same indexing: block
-  // b of token t at a_split + 64 * (t * a_stride + b)), the same bits.
-  void (*split_a16)(const BlockA16* a, int64_t blocks, uint8_t* out) = nullptr;
+  // high bytes, and its scales at heads[i]. packed_tile_split is packed_tile with those beside a
+  // (same indexing: block b of token t at a_split + 64 * (t * a_stride + b), its scales at
+  // heads[t * a_stride + b]), the same bits: its loop reads the scales from the heads, 16 bytes a
+  // block, not from a's 76-byte blocks.
+  void (*split_a16)(const BlockA16* a, int64_t blocks, uint8_t* out, BlockA16Head* heads) = nullptr;
   using PackedTileSplit = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                                   const uint8_t* a_split, int64_t a_stride, int64_t tokens,
-                                   float* out, int64_t ldo, const uint8_t* next_group);
+                                   const uint8_t* a_split, const BlockA16Head* heads,
+                                   int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                                   const uint8_t* next_group);
   PackedTileSplit packed_tile_split = nullptr;
   // QuantizeRowA16 (round half to even; the scalar reference rounds the same way).
   void (*quantize_a16)(const float* x, BlockA16* y, int64_t n) = nullptr;

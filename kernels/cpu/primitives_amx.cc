@@ -10,11 +10,14 @@
 // gives the same bits as every other one.
 //
 // A product splits its activations once into [lo x 32 | hi x 32] rows (split_a16, one VPERMB
-// per block; matmul.cc), which the A tiles load directly. Per block: the group-block's weights
-// widened into B's layout (8 rows of 16 columns x 4 bytes: row p, column r = row r's elements
-// 4p..4p+3), two TDPB*D products, the two C tiles stored and each token's 16 lanes scaled as the
-// AVX-512 kernel scales its registers. Products of fewer than kTileMinTokens tokens, and tails
-// under it, run the AVX-512 kernel (the tile work does not pay for itself there); so does
+// per block; matmul.cc), which the A tiles load directly, and copies each block's scales into a
+// 16-byte head: the pass reads those, not a 76-byte BlockA16 a block and token, which kept the
+// pass's working set past L1 (in-process A/B, the 16-sequence decode step at 1K: 0.959-0.975x,
+// median 0.968x, seven windows). Per block: the group-block's weights widened into B's layout
+// (8 rows of 16 columns x 4 bytes: row p, column r = row r's elements 4p..4p+3), two TDPB*D
+// products, the two C tiles stored and each token's 16 lanes scaled as the AVX-512 kernel
+// scales its registers. Products of fewer than kTileMinTokens tokens, and tails under it, run
+// the AVX-512 kernel (the tile work does not pay for itself there); so does
 // packed_tile, which callers use only without split rows.
 // GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
 #pragma GCC diagnostic push
@@ -109,7 +112,7 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
 // N is a constant so that the N accumulators stay in registers; Q4_1's minimums, which do not
 // depend on the tiles, are summed in a pass of their own first (each token's in block order).
 template <DType T, int N>
-void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t* a_split,
+void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const BlockA16Head* heads,
              int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
   constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1, kOffset = T == DType::kQ4_0;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
@@ -117,6 +120,9 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t*
   alignas(64) uint8_t bt[3][8][64];
   alignas(64) int32_t c[2][2][kTileTokens][16];  // [parity][lo, hi][token][row]
   alignas(64) float min_sums[N][16];
+  auto head = [&](int t, int64_t b) __attribute__((always_inline))->const BlockA16Head& {
+    return heads[t * a_stride + b];
+  };
   if constexpr (kMin) {
     __m512 mins[N];
 #pragma GCC unroll 16
@@ -126,7 +132,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t*
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * kGroupBlock + 32)));
 #pragma GCC unroll 16
       for (int t = 0; t < N; ++t) {
-        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(head(t, b).dsum), mins[t]);
       }
     }
 #pragma GCC unroll 16
@@ -194,7 +200,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t*
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
 #pragma GCC unroll 16
     for (int t = 0; t < N; ++t) {
-      const BlockA16& ab = a[t * a_stride + b];
+      const BlockA16Head& ab = head(t, b);
       __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[par][1][t]), 8),
                                    _mm512_load_si512(c[par][0][t]));
       if constexpr (kOffset) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
@@ -220,8 +226,8 @@ void AmxPass(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t*
 }
 
 // Block i of a's 32 values as 64 bytes at out + 64 i: their low bytes (qs byte 2e), then their
-// high bytes (qs byte 2e + 1).
-void SplitA16(const BlockA16* a, int64_t blocks, uint8_t* out) {
+// high bytes (qs byte 2e + 1); its scales at heads[i].
+void SplitA16(const BlockA16* a, int64_t blocks, uint8_t* out, BlockA16Head* heads) {
   alignas(64) static constexpr uint8_t kSplit[64] = {
       0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
       44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23,
@@ -229,15 +235,16 @@ void SplitA16(const BlockA16* a, int64_t blocks, uint8_t* out) {
   const __m512i split = _mm512_load_si512(kSplit);
   for (int64_t i = 0; i < blocks; ++i) {
     _mm512_storeu_si512(out + 64 * i, _mm512_permutexvar_epi8(split, _mm512_loadu_si512(a[i].qs)));
+    heads[i] = {a[i].d, a[i].sum, a[i].dsum, 0};
   }
 }
 
 template <DType T>
 void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uint8_t* a_split,
-                  int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
-                  const uint8_t* next_group) {
-  using Pass = void (*)(const uint8_t*, int64_t, const BlockA16*, const uint8_t*, int64_t, float*,
-                        int64_t, const uint8_t*);
+                  const BlockA16Head* heads, int64_t a_stride, int64_t tokens, float* out,
+                  int64_t ldo, const uint8_t* next_group) {
+  using Pass = void (*)(const uint8_t*, int64_t, const uint8_t*, const BlockA16Head*, int64_t,
+                        float*, int64_t, const uint8_t*);
   static constexpr Pass kPass[kTileTokens - kTileMinTokens + 1] = {
       AmxPass<T, 8>,  AmxPass<T, 9>,  AmxPass<T, 10>, AmxPass<T, 11>, AmxPass<T, 12>,
       AmxPass<T, 13>, AmxPass<T, 14>, AmxPass<T, 15>, AmxPass<T, 16>};
@@ -245,8 +252,8 @@ void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uin
   int64_t t = 0;
   for (; tokens - t >= kTileMinTokens; t += kTileTokens) {
     const int64_t n = std::min<int64_t>(kTileTokens, tokens - t);
-    kPass[n - kTileMinTokens](group, nb, a + t * a_stride, a_split + 64 * t * a_stride, a_stride,
-                              out + t * ldo, ldo, t == 0 ? next_group : nullptr);
+    kPass[n - kTileMinTokens](group, nb, a_split + 64 * t * a_stride, heads + t * a_stride,
+                              a_stride, out + t * ldo, ldo, t == 0 ? next_group : nullptr);
   }
   if (t < tokens) {
     Avx512Primitives().packed_tile(T, group, nb, a + t * a_stride, a_stride, tokens - t,
@@ -255,17 +262,17 @@ void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uin
 }
 
 void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
-                        const uint8_t* a_split, int64_t a_stride, int64_t tokens, float* out,
-                        int64_t ldo, const uint8_t* next_group) {
+                        const uint8_t* a_split, const BlockA16Head* heads, int64_t a_stride,
+                        int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
   switch (type) {
     case DType::kQ4_0:
-      return AmxTileSplit<DType::kQ4_0>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+      return AmxTileSplit<DType::kQ4_0>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
     case DType::kQ4_1:
-      return AmxTileSplit<DType::kQ4_1>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+      return AmxTileSplit<DType::kQ4_1>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
     case DType::kQ8_0:
-      return AmxTileSplit<DType::kQ8_0>(group, nb, a, a_split, a_stride, tokens, out, ldo,
+      return AmxTileSplit<DType::kQ8_0>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
     default:
       return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
