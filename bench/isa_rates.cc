@@ -282,16 +282,15 @@ KVMESH_AMX void AmxConfigure() {
   _tile_loadconfig(&c);
 }
 
-// A block's two products into C tiles Lo / Hi, and the other pair's (the block before) stores.
-template <int Lo, int Hi, int StoreLo, int StoreHi>
-KVMESH_AMX inline void AmxProducts(int32_t (*c)[16][16]) {
-  _tile_zero(Lo);
-  _tile_zero(Hi);
-  _tile_dpbuud(Lo, 2, 4);
-  _tile_dpbsud(Hi, 3, 4);
-  _tile_stored(StoreLo, &c[0][0][0], 64);
-  _tile_stored(StoreHi, &c[1][0][0], 64);
-}
+// A block's two products into C tiles lo / hi, and the other pair's (the block before) stores.
+// A macro: the tile intrinsics paste their tile number into the instruction's text.
+#define KVMESH_AMX_PRODUCTS(lo, hi, store_lo, store_hi, c) \
+  _tile_zero(lo);                                          \
+  _tile_zero(hi);                                          \
+  _tile_dpbuud(lo, 2, 4);                                  \
+  _tile_dpbsud(hi, 3, 4);                                  \
+  _tile_stored(store_lo, &(c)[0][0][0], 64);               \
+  _tile_stored(store_hi, &(c)[1][0][0], 64)
 
 template <bool kTiles, bool kVector>
 KVMESH_AMX void AmxBurst() {
@@ -306,9 +305,9 @@ KVMESH_AMX void AmxBurst() {
       _tile_loadd(3, &s.a[0][64 * k + 32], 64 * kAmxK);
       _tile_loadd(4, &s.b[0][0], 64);
       if (i & 1) {
-        AmxProducts<5, 6, 0, 1>(s.c[0]);
+        KVMESH_AMX_PRODUCTS(5, 6, 0, 1, s.c[0]);
       } else {
-        AmxProducts<0, 1, 5, 6>(s.c[1]);
+        KVMESH_AMX_PRODUCTS(0, 1, 5, 6, s.c[1]);
       }
     }
     if constexpr (kVector) {
