@@ -279,6 +279,8 @@ KVMESH_AMX void AmxConfigure() {
   c.rows[2] = c.rows[3] = 16;
   c.colsb[4] = 64;  // B: 8 x 64 bytes
   c.rows[4] = 8;
+  // GCC 12's _tile_loadconfig tells the compiler it reads only the record's first 8 bytes.
+  __asm__ volatile("" : : "m"(c) : "memory");
   _tile_loadconfig(&c);
 }
 
