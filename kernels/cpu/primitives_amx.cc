@@ -75,6 +75,9 @@ void Configure(int tokens) {
   c.rows[2] = c.rows[3] = static_cast<uint8_t>(tokens);
   c.colsb[4] = 64;  // B: 8 rows (K / 4) x 16 columns of 4 bytes
   c.rows[4] = 8;
+  // GCC 12's _tile_loadconfig tells the compiler it reads only the record's first 8 bytes, so
+  // nothing kept the stores above before it but GCC's choice not to move or drop them.
+  __asm__ volatile("" : : "m"(c) : "memory");
   _tile_loadconfig(&c);
   configured = tokens;
 }
