@@ -12,21 +12,20 @@
 // the 256-bit loops the AVX2 kernels are built of (no VNNI: a product is a multiply and an add),
 // down to one step of the packed product and one dim of attention's q.k tile. On AMX machines,
 // whether a tile block and the vector work beside it overlap (AmxSection).
-#include <cpuid.h>
 // GCC 12's false (maybe-)uninitialized warnings in its AVX-512 intrinsics (bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "kernels/cpu/primitives.h"
 
 namespace {
 
@@ -327,14 +326,9 @@ KVMESH_AMX void AmxBurst() {
   Sink(sum);
 }
 
-// Prints the three rates, or why not (false: no AMX or no tile state from the OS).
+// Prints the three rates; false where the kernels would not use AMX (cpu::AmxUsable).
 KVMESH_AMX bool AmxSection(double seconds) {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) {
-    return false;
-  }
-  constexpr int kReqXcompPerm = 0x1023, kXtileData = 18;
-  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) return false;
+  if (!kvmesh::kernels::cpu::AmxUsable()) return false;  // the kernels' check and OS request
   for (int t = 0; t < 16; ++t) {
     for (int j = 0; j < 64 * kAmxK; ++j) g_amx.a[t][j] = static_cast<uint8_t>(t * 31 + j);
     for (int r = 0; r < 16; ++r) g_amx.sums[0][t][r] = g_amx.sums[1][t][r] = t + r;
