@@ -12,11 +12,18 @@
 // group is its nb = cols / 32 blocks one after another; a group-block is
 //   uint16_t d[16]          fp16 scales of the 16 rows
 //   uint16_t m[16]          fp16 minimums (Q4_1 only)
-//   quants                  Q4_0/Q4_1: 8 chunks of 32 bytes; byte i of chunk p holds row i / 2's
-//                           element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in its high
-//                           one. Q8_0: 16 chunks of 32 bytes; byte i of chunk k is row i / 2's
-//                           element 2k + i % 2.
+//   quants                  Q4_0/Q4_1/Q4_K: 8 chunks of 32 bytes; byte i of chunk p holds row
+//                           i / 2's element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in
+//                           its high one. Q8_0: 16 chunks of 32 bytes; byte i of chunk k is row
+//                           i / 2's element 2k + i % 2.
 // so a group-block is exactly 16 of the type's blocks in size.
+//
+// Q4_K packs as Q4_1 does, one 32-element sub-block per group-block: a sub-block's values are
+// d * sc * q - dmin * m (q its nibbles, sc and m its six-bit scale and minimum, d and dmin its
+// super-block's fp16 scales), so its scale d * sc and minimum -dmin * m are stored as fp32
+// (float d[16], float m[16]: exact, 11 by 6 bits) in place of Q4_1's fp16 ones, and the product
+// is Q4_1's. A group-block is 384 bytes (6 bits a weight against the GGUF's 4.5), so a product
+// reads a third more bytes and runs the integer kernels instead of the row-major dots.
 //
 // For 8-bit activations (ActBits::k8, Q4_0 and Q4_1 only) the quants are laid out for
 // VPMADDUBSW instead: chunk p (32 bytes, elements 4p..4p+3) holds in byte 4j + e row j's
@@ -34,7 +41,7 @@ namespace kvmesh::kernels {
 
 inline constexpr int64_t kPackRows = 16;
 
-// Q4_0, Q4_1 and Q8_0 have a packed form.
+// Q4_0, Q4_1, Q8_0 and Q4_K have a packed form.
 bool PackableType(DType t);
 
 // The width of the activations the packed products of a model run against. 16 (the default)
@@ -48,12 +55,23 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
   return bits == ActBits::k8 && (t == DType::kQ4_0 || t == DType::kQ4_1);
 }
 
-// Bytes of one packed group-block of a packable type t (16 of its blocks).
+// Bytes of one packed group-block of a packable type t (16 of its blocks; Q4_K: 16 rows of one
+// 32-element sub-block with fp32 scales).
 constexpr int64_t PackedGroupBlockBytes(DType t) {
   return kPackRows * static_cast<int64_t>(t == DType::kQ8_0   ? sizeof(BlockQ8_0)
                                           : t == DType::kQ4_1 ? sizeof(BlockQ4_1)
+                                          : t == DType::kQ4_K ? 2 * sizeof(float) + kQK / 2
                                                               : sizeof(BlockQ4_0));
 }
+
+// Bytes of a packed group-block's scales, before its quants.
+constexpr int64_t PackedScaleBytes(DType t) {
+  return t == DType::kQ4_K ? 128 : t == DType::kQ4_1 ? 64 : 32;
+}
+
+// Whether a packed type adds minimums (Q4_1, Q4_K) and stores its scales as fp32 (Q4_K).
+constexpr bool PackedHasMins(DType t) { return t == DType::kQ4_1 || t == DType::kQ4_K; }
+constexpr bool PackedScalesF32(DType t) { return t == DType::kQ4_K; }
 
 // Whether the active ISA has a vector kernel for packed products (AVX-512, AVX2); the scalar
 // table runs the plain C++ reference, slower than the row-major kernels, so callers should not

@@ -1,4 +1,4 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 rows into 16-row groups (kernels/packed.h) and the reference
+// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K rows into 16-row groups (kernels/packed.h) and the reference
 // product over a packed group.
 #include "kernels/packed.h"
 
@@ -14,18 +14,41 @@ namespace {
 // Element e (0..31) of a Q4 block's nibbles: e < 16 low nibble of qs[e], else high of qs[e - 16].
 int Nibble(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >> 4; }
 
-int64_t ScaleBytes(DType t) { return t == DType::kQ4_1 ? 64 : 32; }
+// Row r's sub-block b of a Q4_K row (32 elements) as Q4_1's fields: its nibbles in element
+// order (qs[e] low and qs[e + 16] high hold elements e and e + 16, as in BlockQ4_1) and its
+// scale d * sc and minimum -dmin * m, exact in fp32.
+void Q4KSubBlock(const uint8_t* row, int64_t b, uint8_t* qs, float* d, float* m) {
+  const auto* x = reinterpret_cast<const BlockQ4_K*>(row) + b / 8;
+  const int j = static_cast<int>(b % 8);
+  uint8_t sc, mn;
+  UnpackScaleMinK4(j, x->scales, &sc, &mn);
+  *d = Fp16ToFloat(x->d) * static_cast<float>(sc);
+  *m = -(Fp16ToFloat(x->dmin) * static_cast<float>(mn));
+  const uint8_t* q = x->qs + 32 * (j / 2);
+  const int shift = 4 * (j % 2);
+  for (int e = 0; e < 16; ++e) {
+    qs[e] = static_cast<uint8_t>((q[e] >> shift & 15) | (q[e + 16] >> shift & 15) << 4);
+  }
+}
 
 // The 16 rows' block b (row r at rows + r * row_bytes) into one group-block at dst.
 void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int64_t b,
                     uint8_t* dst) {
-  const int64_t bb = TraitsOf(t).block_bytes;
-  uint8_t* q = dst + ScaleBytes(t);
+  uint8_t* q = dst + PackedScaleBytes(t);
   if (a8) std::memset(q, 0, 8 * 32);  // its rows' nibbles are OR-ed in
   for (int r = 0; r < kPackRows; ++r) {
-    const uint8_t* blk = rows + r * row_bytes + b * bb;
-    std::memcpy(dst + 2 * r, blk, 2);                                  // d
-    if (t == DType::kQ4_1) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+    uint8_t k_qs[kQK / 2];
+    const uint8_t* blk = k_qs;
+    if (t == DType::kQ4_K) {
+      float d, m;
+      Q4KSubBlock(rows + r * row_bytes, b, k_qs, &d, &m);
+      std::memcpy(dst + 4 * r, &d, 4);
+      std::memcpy(dst + 64 + 4 * r, &m, 4);
+    } else {
+      blk = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
+      std::memcpy(dst + 2 * r, blk, 2);                                  // d
+      if (t == DType::kQ4_1) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+    }
     if (t == DType::kQ8_0) {
       const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
       for (int k = 0; k < 16; ++k) {
@@ -33,7 +56,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       }
       continue;
     }
-    const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
+    const uint8_t* qs = t == DType::kQ4_K ? blk : blk + (t == DType::kQ4_1 ? 4 : 2);
     if (a8) {
       for (int p = 0; p < 8; ++p) {
         for (int e = 0; e < 4; ++e) {
@@ -65,7 +88,9 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
 
 }  // namespace
 
-bool PackableType(DType t) { return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0; }
+bool PackableType(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K;
+}
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
 
@@ -110,6 +135,18 @@ namespace cpu {
 
 namespace {
 
+// Row r's scale and minimum in a group-block (fp16 at 0 and 32; Q4_K: fp32 at 0 and 64).
+float PackedScale(DType type, const uint8_t* blk, int r, bool minimum) {
+  if (PackedScalesF32(type)) {
+    float v;
+    std::memcpy(&v, blk + (minimum ? 64 : 0) + 4 * r, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, blk + (minimum ? 32 : 0) + 2 * r, 2);
+  return Fp16ToFloat(h);
+}
+
 // PackedTile's operations in plain C++, for either activation width.
 template <typename Block>
 void PackedTileOf(DType type, bool a8, const uint8_t* group, int64_t nb, const Block* a,
@@ -121,20 +158,14 @@ void PackedTileOf(DType type, bool a8, const uint8_t* group, int64_t nb, const B
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = group + b * gb;
         const Block& ab = a[t * a_stride + b];
-        uint16_t d;
-        std::memcpy(&d, blk + 2 * r, 2);
         int32_t s = 0;
         for (int e = 0; e < kQK; ++e) {
-          s += PackedElement(type, a8, blk + ScaleBytes(type), r, e) * int32_t{ab.qs[e]};
+          s += PackedElement(type, a8, blk + PackedScaleBytes(type), r, e) * int32_t{ab.qs[e]};
         }
-        acc = std::fma(static_cast<float>(s) * ab.d, Fp16ToFloat(d), acc);
-        if (type == DType::kQ4_1) {
-          uint16_t m;
-          std::memcpy(&m, blk + 32 + 2 * r, 2);
-          mins = std::fma(Fp16ToFloat(m), ab.dsum, mins);
-        }
+        acc = std::fma(static_cast<float>(s) * ab.d, PackedScale(type, blk, r, false), acc);
+        if (PackedHasMins(type)) mins = std::fma(PackedScale(type, blk, r, true), ab.dsum, mins);
       }
-      out[t * ldo + r] = type == DType::kQ4_1 ? acc + mins : acc;
+      out[t * ldo + r] = PackedHasMins(type) ? acc + mins : acc;
     }
   }
 }

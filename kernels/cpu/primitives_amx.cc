@@ -109,6 +109,14 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
   }
 }
 
+// A group-block's 16 scales, or its 16 minimums, as fp32 (kernels/packed.h).
+template <DType T>
+inline __m512 PackedScales(const uint8_t* blk, bool minimum) {
+  if constexpr (PackedScalesF32(T)) return _mm512_loadu_ps(blk + (minimum ? 64 : 0));
+  return _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (minimum ? 32 : 0))));
+}
+
 // N (kTileMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
 // block b + 1's tile products are issued before block b's C tiles are scaled, so the tile unit
 // and the vector units work at once (C tiles and buffers alternate between even and odd blocks).
@@ -117,9 +125,9 @@ inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
 template <DType T, int N>
 void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const BlockA16Head* heads,
              int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1, kOffset = T == DType::kQ4_0;
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T), kOffset = T == DType::kQ4_0;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
-  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int64_t kScales = PackedScaleBytes(T);
   alignas(64) uint8_t bt[3][8][64];
   alignas(64) int32_t c[2][2][kTileTokens][16];  // [parity][lo, hi][token][row]
   alignas(64) float min_sums[N][16];
@@ -131,8 +139,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
 #pragma GCC unroll 16
     for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m512 m = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * kGroupBlock + 32)));
+      const __m512 m = PackedScales<T>(group + b * kGroupBlock, true);
 #pragma GCC unroll 16
       for (int t = 0; t < N; ++t) {
         mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(head(t, b).dsum), mins[t]);
@@ -200,7 +207,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
   auto scale = [&](int64_t b) __attribute__((always_inline)) {
     const int par = static_cast<int>(b & 1);
     const uint8_t* blk = group + b * kGroupBlock;
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dw = PackedScales<T>(blk, false);
 #pragma GCC unroll 16
     for (int t = 0; t < N; ++t) {
       const BlockA16Head& ab = head(t, b);
@@ -276,6 +283,9 @@ void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const Bloc
                                         next_group);
     case DType::kQ8_0:
       return AmxTileSplit<DType::kQ8_0>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
+                                        next_group);
+    case DType::kQ4_K:
+      return AmxTileSplit<DType::kQ4_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
     default:
       return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);

@@ -702,6 +702,16 @@ KVMESH_AVX2_INLINE void Q8Steps4(const uint8_t* q, const BlockA16* a0, int64_t s
   (Q8Step4<K, K == 0>(q, a0, st, a3, KVMESH_SUMS4_ARGS), ...);
 }
 
+// Rows 8 half .. 8 half + 7's scales, or their minimums, of a packed group-block as fp32
+// (kernels/packed.h).
+template <DType T>
+KVMESH_AVX2_INLINE __m256 PackedScales8(const uint8_t* blk, int half, bool minimum) {
+  if constexpr (PackedScalesF32(T)) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(blk + (minimum ? 64 : 0) + 32 * half));
+  }
+  return _mm256_cvtph_ps(Load16(blk + (minimum ? 32 : 0) + 16 * half));
+}
+
 // A block's int32 sums for 4 tokens, both halves (Q4_0: of the weights before their -8).
 template <DType T>
 KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_t st,
@@ -727,9 +737,9 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
                               float* out, int64_t ldo, const uint8_t* ahead, int64_t pass,
                               int64_t passes) {
   constexpr int N = 4;
-  constexpr bool kMin = T == DType::kQ4_1;
+  constexpr bool kMin = PackedHasMins(T);
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
-  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int64_t kScales = PackedScaleBytes(T);
   alignas(32) float acc[N][16] = {};
   AheadShares shares(ahead, nb * kGroupBlock, nb, pass, passes);
   for (int64_t b = 0; b < nb; ++b) {
@@ -750,8 +760,8 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
         s1[t] = _mm256_sub_epi32(s1[t], off);
       }
     }
-    const __m256 dw0 = _mm256_cvtph_ps(Load16(blk));
-    const __m256 dw1 = _mm256_cvtph_ps(Load16(blk + 16));
+    const __m256 dw0 = PackedScales8<T>(blk, 0, false);
+    const __m256 dw1 = PackedScales8<T>(blk, 1, false);
     for (int t = 0; t < N; ++t) {
       const __m256 ad = _mm256_set1_ps(ab[t]->d);
       _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0[t]), ad), dw0,
@@ -765,8 +775,8 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
   if constexpr (kMin) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = group + b * kGroupBlock;
-      const __m256 m0 = _mm256_cvtph_ps(Load16(blk + 32));
-      const __m256 m1 = _mm256_cvtph_ps(Load16(blk + 48));
+      const __m256 m0 = PackedScales8<T>(blk, 0, true);
+      const __m256 m1 = PackedScales8<T>(blk, 1, true);
       for (int t = 0; t < N; ++t) {
         const __m256 ds = _mm256_set1_ps(a[t * a_stride + b].dsum);
         mins0[t] = _mm256_fmadd_ps(m0, ds, mins0[t]);
@@ -788,9 +798,9 @@ template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
                             int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
                             int64_t pass, int64_t passes) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T);
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
-  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int64_t kScales = PackedScaleBytes(T);
   __m256 acc[N], mins[N];
   for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm256_setzero_ps();
   AheadShares shares(ahead, nb * kGroupBlock, nb, pass, passes);
@@ -826,13 +836,13 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
         }
       }
     }
-    const __m256 dw = _mm256_cvtph_ps(Load16(blk + 16 * half));
+    const __m256 dw = PackedScales8<T>(blk, half, false);
     for (int t = 0; t < N; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(ab[t]->d)),
                                dw, acc[t]);
     }
     if constexpr (kMin) {
-      const __m256 m = _mm256_cvtph_ps(Load16(blk + 32 + 16 * half));
+      const __m256 m = PackedScales8<T>(blk, half, true);
       for (int t = 0; t < N; ++t) {
         mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab[t]->dsum), mins[t]);
       }
@@ -969,8 +979,9 @@ const Primitives& Avx2Primitives() {
       .q4_k_a16 = DotQ4_KA16,
       .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
-      .packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
-                                       PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>>,
+      .packed_tile =
+          PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                            PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>>,
       .packed_tile_a8 =
           PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,

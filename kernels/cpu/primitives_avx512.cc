@@ -207,12 +207,20 @@ __attribute__((always_inline)) KVMESH_AVX512 inline void AskAhead(const uint8_t*
   }
 }
 
+// A packed group-block's 16 scales, or its 16 minimums, as fp32 (kernels/packed.h).
+template <DType T>
+KVMESH_AVX512 inline __m512 PackedScales(const uint8_t* blk, bool minimum) {
+  if constexpr (PackedScalesF32(T)) return _mm512_loadu_ps(blk + (minimum ? 64 : 0));
+  return _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (minimum ? 32 : 0))));
+}
+
 template <DType T, int N>
 KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16* a,
                                 int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = T == DType::kQ4_1;
+  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T);
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
-  constexpr int kScales = kMin ? 64 : 32;
+  constexpr int64_t kScales = PackedScaleBytes(T);
   constexpr int P = N >= 4 ? 1 : (N >= 2 ? 2 : 4);
   __m512 acc[N], mins[N];
   for (int t = 0; t < N; ++t) acc[t] = mins[t] = _mm512_setzero_ps();
@@ -253,7 +261,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
         }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dw = PackedScales<T>(blk, false);
     for (int t = 0; t < N; ++t) {
       __m512i st = s[t][0];
       for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s[t][c]);
@@ -261,8 +269,7 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
                                acc[t]);
     }
     if constexpr (kMin) {
-      const __m512 m =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+      const __m512 m = PackedScales<T>(blk, true);
       for (int t = 0; t < N; ++t) {
         mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ab[t]->dsum), mins[t]);
       }
@@ -351,7 +358,7 @@ KVMESH_AVX512 void PackedA8Tokens(const uint8_t* group, int64_t nb, const BlockA
         s[t][p % P] = _mm512_dpbusd_epi32(s[t][p % P], w, _mm512_set1_epi32(quad));
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 dw = PackedScales<T>(blk, false);
     for (int t = 0; t < N; ++t) {
       __m512i st = s[t][0];
       for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s[t][c]);
@@ -1037,8 +1044,9 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
-                                      PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>>;
+    d.packed_tile =
+        PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                          PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>>;
     d.packed_tile_a8 =
         PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>;
     d.qk_t = QkT;

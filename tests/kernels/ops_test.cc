@@ -196,6 +196,13 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ4_1, 16, 64, 30},
       {DType::kQ4_0, 16, 64, 8},
       {DType::kQ8_0, 16, 64, 12},
+      // Q4_K (sub-blocks packed as Q4_1 with fp32 scales): one token, the AVX2 tails, the
+      // AVX-512 passes, AMX tiles of 16 and of 8-15 with a tail, and rows past the last group.
+      {DType::kQ4_K, 16, 256, 1},
+      {DType::kQ4_K, 37, 512, 6},
+      {DType::kQ4_K, 32, 256, 3},
+      {DType::kQ4_K, 48, 768, 16},
+      {DType::kQ4_K, 16, 256, 29},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -264,8 +271,10 @@ void PackedMatMulCases(ActBits bits) {
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
-    const int64_t rows = 40, cols = 256, c0 = 64, c1 = 192;
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K}) {
+    // A K-quant slice starts and ends on its 256-element super-blocks.
+    const int64_t k = t == DType::kQ4_K ? 4 : 1;
+    const int64_t rows = 40, cols = 256 * k, c0 = 64 * k, c1 = 192 * k;
     const auto w = RandomWeights(t, rows, cols, 77);
     const auto rb = static_cast<size_t>(RowBytes(t, cols));
     const auto off = static_cast<size_t>(RowBytes(t, c0));
