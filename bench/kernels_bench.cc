@@ -92,12 +92,20 @@ BENCHMARK(BM_MatMulQ4_1)
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.
 BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();
-// K-quants at a 7B model's 4096 x 4096, as in Q4_K_M files: Q4_K row-major (0) and packed (1,
-// its sub-blocks as Q4_1 with fp32 scales, kernels/packed.h); Q6_K has no packed form.
+// K-quants at a 7B model's 4096 x 4096, as in Q4_K_M files: row-major (0) and packed (1: Q4_K's
+// sub-blocks as Q4_1 and Q6_K's blocks as Q8_0, with fp32 scales; kernels/packed.h).
 void BM_MatMulQ4_K(benchmark::State& st) { BM_MatMul<DType::kQ4_K>(st); }
 void BM_MatMulQ6_K(benchmark::State& st) { BM_MatMul<DType::kQ6_K>(st); }
-BENCHMARK(BM_MatMulQ4_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
-BENCHMARK(BM_MatMulQ6_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0}, {1}})->UseRealTime();
+// 32 copies (0.4-0.7 GB, past the L3): one token streaming its weights from memory, where the
+// packed forms' extra bytes (a third more for Q4_K, half more for Q6_K) count most.
+BENCHMARK(BM_MatMulQ4_K)
+    ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
+    ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
+    ->UseRealTime();
+BENCHMARK(BM_MatMulQ6_K)
+    ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
+    ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
+    ->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.
 void BM_AttentionDecode(benchmark::State& st) {

@@ -25,6 +25,13 @@
 // is Q4_1's. A group-block is 384 bytes (6 bits a weight against the GGUF's 4.5), so a product
 // reads a third more bytes and runs the integer kernels instead of the row-major dots.
 //
+// Q6_K packs as Q8_0 does, one 32-element block (two of its 16-element sub-blocks) per
+// group-block: the values d * sc * (q - 32) become int8 quants q - 32 in Q8_0's layout, and the
+// two sub-blocks' scales d * sc (exact in fp32: 11 by 8 bits) are stored as float d[16] (the
+// block's first 16 elements) and float d2[16] (its last 16). Its product takes each half's
+// integer sum on its own: acc = fma(float(s_lo) * a.d, d, acc), then the same with s_hi and d2.
+// A group-block is 640 bytes, 10 bits a weight against the file's 6.56.
+//
 // For 8-bit activations (ActBits::k8, Q4_0 and Q4_1 only) the quants are laid out for
 // VPMADDUBSW instead: chunk p (32 bytes, elements 4p..4p+3) holds in byte 4j + e row j's
 // element 4p + e in its low nibble and row 8 + j's in its high one, so one register of low
@@ -41,7 +48,7 @@ namespace kvmesh::kernels {
 
 inline constexpr int64_t kPackRows = 16;
 
-// Q4_0, Q4_1, Q8_0 and Q4_K have a packed form.
+// Q4_0, Q4_1, Q8_0, Q4_K and Q6_K have a packed form.
 bool PackableType(DType t);
 
 // The width of the activations the packed products of a model run against. 16 (the default)
@@ -55,23 +62,25 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
   return bits == ActBits::k8 && (t == DType::kQ4_0 || t == DType::kQ4_1);
 }
 
-// Bytes of one packed group-block of a packable type t (16 of its blocks; Q4_K: 16 rows of one
-// 32-element sub-block with fp32 scales).
-constexpr int64_t PackedGroupBlockBytes(DType t) {
-  return kPackRows * static_cast<int64_t>(t == DType::kQ8_0   ? sizeof(BlockQ8_0)
-                                          : t == DType::kQ4_1 ? sizeof(BlockQ4_1)
-                                          : t == DType::kQ4_K ? 2 * sizeof(float) + kQK / 2
-                                                              : sizeof(BlockQ4_0));
-}
-
-// Bytes of a packed group-block's scales, before its quants.
-constexpr int64_t PackedScaleBytes(DType t) {
-  return t == DType::kQ4_K ? 128 : t == DType::kQ4_1 ? 64 : 32;
-}
-
-// Whether a packed type adds minimums (Q4_1, Q4_K) and stores its scales as fp32 (Q4_K).
+// Whether a packed type stores its scales as fp32 (Q4_K, Q6_K), adds minimums (Q4_1, Q4_K),
+// scales each 16-element half of a block on its own (Q6_K), and has int8 quants (Q8_0, Q6_K;
+// the others: nibbles).
+constexpr bool PackedScalesF32(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
 constexpr bool PackedHasMins(DType t) { return t == DType::kQ4_1 || t == DType::kQ4_K; }
-constexpr bool PackedScalesF32(DType t) { return t == DType::kQ4_K; }
+constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K; }
+constexpr bool PackedBytesQuants(DType t) { return t == DType::kQ8_0 || t == DType::kQ6_K; }
+
+// Bytes of a packed group-block's scales, before its quants: 16 of each scale (and minimum).
+constexpr int64_t PackedScaleBytes(DType t) {
+  return kPackRows * (PackedScalesF32(t) ? 4 : 2) *
+         (PackedHasMins(t) || PackedHalfScales(t) ? 2 : 1);
+}
+
+// Bytes of one packed group-block of a packable type t: 16 rows of one 32-element block (the
+// size of 16 of the type's blocks for Q4_0, Q4_1 and Q8_0).
+constexpr int64_t PackedGroupBlockBytes(DType t) {
+  return PackedScaleBytes(t) + kPackRows * (PackedBytesQuants(t) ? kQK : kQK / 2);
+}
 
 // Whether the active ISA has a vector kernel for packed products (AVX-512, AVX2); the scalar
 // table runs the plain C++ reference, slower than the row-major kernels, so callers should not

@@ -1,5 +1,5 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K rows into 16-row groups (kernels/packed.h) and the reference
-// product over a packed group.
+// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K rows into 16-row groups (kernels/packed.h) and the
+// reference product over a packed group.
 #include "kernels/packed.h"
 
 #include <cmath>
@@ -31,17 +31,44 @@ void Q4KSubBlock(const uint8_t* row, int64_t b, uint8_t* qs, float* d, float* m)
   }
 }
 
+// Q4_0, Q4_1 and Q8_0 pack into the bytes of their blocks.
+static_assert(PackedGroupBlockBytes(DType::kQ4_0) == kPackRows * sizeof(BlockQ4_0));
+static_assert(PackedGroupBlockBytes(DType::kQ4_1) == kPackRows * sizeof(BlockQ4_1));
+static_assert(PackedGroupBlockBytes(DType::kQ8_0) == kPackRows * sizeof(BlockQ8_0));
+
+// Row r's block b of a Q6_K row (32 elements): its values q - 32 and its two 16-element
+// sub-blocks' scales d * sc, exact in fp32. Element i of a super-block: half h = i / 128, then
+// quarter k = i % 128 / 32 and l = i % 32: low four bits from byte 64 h + l + 32 (k % 2) of ql
+// (its low nibble for k < 2, else its high one), high two from bits 2k of byte 32 h + l of qh.
+void Q6KBlock(const uint8_t* row, int64_t b, int8_t* qs, float* d0, float* d1) {
+  const auto* x = reinterpret_cast<const BlockQ6_K*>(row) + b / 8;
+  const int j = static_cast<int>(b % 8);
+  *d0 = Fp16ToFloat(x->d) * static_cast<float>(x->scales[2 * j]);
+  *d1 = Fp16ToFloat(x->d) * static_cast<float>(x->scales[2 * j + 1]);
+  for (int e = 0; e < kQK; ++e) {
+    const int i = 32 * j + e, h = i / 128, k = i % 128 / 32, l = i % 32;
+    const int lo = x->ql[64 * h + l + 32 * (k % 2)] >> (k < 2 ? 0 : 4) & 15;
+    const int hi = x->qh[32 * h + l] >> (2 * k) & 3;
+    qs[e] = static_cast<int8_t>((lo | hi << 4) - 32);
+  }
+}
+
 // The 16 rows' block b (row r at rows + r * row_bytes) into one group-block at dst.
 void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int64_t b,
                     uint8_t* dst) {
   uint8_t* q = dst + PackedScaleBytes(t);
   if (a8) std::memset(q, 0, 8 * 32);  // its rows' nibbles are OR-ed in
   for (int r = 0; r < kPackRows; ++r) {
-    uint8_t k_qs[kQK / 2];
-    const uint8_t* blk = k_qs;
-    if (t == DType::kQ4_K) {
+    // A K-quant's block as the fields of the type it packs as (Q4_1, Q8_0): 2 bytes in.
+    uint8_t k_block[2 + kQK];
+    const uint8_t* blk = k_block;
+    if (t == DType::kQ4_K || t == DType::kQ6_K) {
       float d, m;
-      Q4KSubBlock(rows + r * row_bytes, b, k_qs, &d, &m);
+      if (t == DType::kQ4_K) {
+        Q4KSubBlock(rows + r * row_bytes, b, k_block + 2, &d, &m);
+      } else {
+        Q6KBlock(rows + r * row_bytes, b, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
+      }
       std::memcpy(dst + 4 * r, &d, 4);
       std::memcpy(dst + 64 + 4 * r, &m, 4);
     } else {
@@ -49,14 +76,14 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       std::memcpy(dst + 2 * r, blk, 2);                                  // d
       if (t == DType::kQ4_1) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
     }
-    if (t == DType::kQ8_0) {
+    if (PackedBytesQuants(t)) {
       const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
       for (int k = 0; k < 16; ++k) {
         for (int j = 0; j < 2; ++j) q[32 * k + 2 * r + j] = static_cast<uint8_t>(qs[2 * k + j]);
       }
       continue;
     }
-    const uint8_t* qs = t == DType::kQ4_K ? blk : blk + (t == DType::kQ4_1 ? 4 : 2);
+    const uint8_t* qs = blk + (t == DType::kQ4_1 ? 4 : 2);
     if (a8) {
       for (int p = 0; p < 8; ++p) {
         for (int e = 0; e < 4; ++e) {
@@ -76,7 +103,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
 
 // Row r's element e of a packed group-block's quants, as the integer the product uses.
 int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
-  if (t == DType::kQ8_0) return static_cast<int8_t>(q[32 * (e / 2) + 2 * r + e % 2]);
+  if (PackedBytesQuants(t)) return static_cast<int8_t>(q[32 * (e / 2) + 2 * r + e % 2]);
   if (a8) {
     const int v = q[32 * (e / 4) + 4 * (r % 8) + e % 4] >> (r / 8 * 4) & 15;
     return t == DType::kQ4_0 ? v - 8 : v;
@@ -89,7 +116,8 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
 }  // namespace
 
 bool PackableType(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K;
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
+         t == DType::kQ6_K;
 }
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
@@ -135,15 +163,16 @@ namespace cpu {
 
 namespace {
 
-// Row r's scale and minimum in a group-block (fp16 at 0 and 32; Q4_K: fp32 at 0 and 64).
-float PackedScale(DType type, const uint8_t* blk, int r, bool minimum) {
+// Row r's scale in a group-block, or (second) its minimum (Q4_1, Q4_K) or second half's scale
+// (Q6_K): fp16 at 0 and 32, fp32 at 0 and 64.
+float PackedScale(DType type, const uint8_t* blk, int r, bool second) {
   if (PackedScalesF32(type)) {
     float v;
-    std::memcpy(&v, blk + (minimum ? 64 : 0) + 4 * r, 4);
+    std::memcpy(&v, blk + (second ? 64 : 0) + 4 * r, 4);
     return v;
   }
   uint16_t h;
-  std::memcpy(&h, blk + (minimum ? 32 : 0) + 2 * r, 2);
+  std::memcpy(&h, blk + (second ? 32 : 0) + 2 * r, 2);
   return Fp16ToFloat(h);
 }
 
@@ -158,11 +187,15 @@ void PackedTileOf(DType type, bool a8, const uint8_t* group, int64_t nb, const B
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = group + b * gb;
         const Block& ab = a[t * a_stride + b];
-        int32_t s = 0;
+        int32_t s[2] = {0, 0};  // the block's sum, or (Q6_K) its halves'
         for (int e = 0; e < kQK; ++e) {
-          s += PackedElement(type, a8, blk + PackedScaleBytes(type), r, e) * int32_t{ab.qs[e]};
+          s[PackedHalfScales(type) && e >= kQK / 2] +=
+              PackedElement(type, a8, blk + PackedScaleBytes(type), r, e) * int32_t{ab.qs[e]};
         }
-        acc = std::fma(static_cast<float>(s) * ab.d, PackedScale(type, blk, r, false), acc);
+        acc = std::fma(static_cast<float>(s[0]) * ab.d, PackedScale(type, blk, r, false), acc);
+        if (PackedHalfScales(type)) {
+          acc = std::fma(static_cast<float>(s[1]) * ab.d, PackedScale(type, blk, r, true), acc);
+        }
         if (PackedHasMins(type)) mins = std::fma(PackedScale(type, blk, r, true), ab.dsum, mins);
       }
       out[t * ldo + r] = PackedHasMins(type) ? acc + mins : acc;

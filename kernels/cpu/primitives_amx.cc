@@ -287,6 +287,9 @@ void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const Bloc
     case DType::kQ4_K:
       return AmxTileSplit<DType::kQ4_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
+    case DType::kQ6_K:  // two scales a block: the AVX-512 kernel, not tiles (K = 32 a product)
+      return Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo,
+                                            next_group);
     default:
       return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   }

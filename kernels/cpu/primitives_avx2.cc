@@ -695,35 +695,53 @@ KVMESH_AVX2_INLINE void Q4Steps4(const uint8_t* q, const BlockA16* a0, int64_t s
                                  std::integer_sequence<int, P...>) {
   (Q4Step4<P, P == 0>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS), ...);
 }
-template <int... K>
+// Steps Base + K (the first of them writes the sums).
+template <int Base, int... K>
 KVMESH_AVX2_INLINE void Q8Steps4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                  const BlockA16* a3, KVMESH_SUMS4_PARAMS,
                                  std::integer_sequence<int, K...>) {
-  (Q8Step4<K, K == 0>(q, a0, st, a3, KVMESH_SUMS4_ARGS), ...);
+  (Q8Step4<Base + K, K == 0>(q, a0, st, a3, KVMESH_SUMS4_ARGS), ...);
 }
 
-// Rows 8 half .. 8 half + 7's scales, or their minimums, of a packed group-block as fp32
-// (kernels/packed.h).
+// Rows 8 half .. 8 half + 7's scales, or (second) their minimums or second half's scales, of a
+// packed group-block as fp32 (kernels/packed.h).
 template <DType T>
-KVMESH_AVX2_INLINE __m256 PackedScales8(const uint8_t* blk, int half, bool minimum) {
+KVMESH_AVX2_INLINE __m256 PackedScales8(const uint8_t* blk, int half, bool second) {
   if constexpr (PackedScalesF32(T)) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(blk + (minimum ? 64 : 0) + 32 * half));
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(blk + (second ? 64 : 0) + 32 * half));
   }
-  return _mm256_cvtph_ps(Load16(blk + (minimum ? 32 : 0) + 16 * half));
+  return _mm256_cvtph_ps(Load16(blk + (second ? 32 : 0) + 16 * half));
 }
 
-// A block's int32 sums for 4 tokens, both halves (Q4_0: of the weights before their -8).
-template <DType T>
+// A block's int32 sums for 4 tokens, both halves of the rows (Q4_0: of the weights before their
+// -8). Half 0 / 1 (int8 quants only): the sums over elements 16 Half .. 16 Half + 15 alone.
+template <DType T, int Half = -1>
 KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                     const BlockA16* a3) {
   __m256i s00, s01, s02, s03, s10, s11, s12, s13;
-  if constexpr (T == DType::kQ8_0) {
-    Q8Steps4(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 16>{});
+  if constexpr (PackedBytesQuants(T) && Half >= 0) {
+    Q8Steps4<8 * Half>(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
+  } else if constexpr (PackedBytesQuants(T)) {
+    Q8Steps4<0>(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 16>{});
   } else {
     const __m256i mask = _mm256_set1_epi16(15);
     Q4Steps4(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
   }
   return {s00, s01, s02, s03, s10, s11, s12, s13};
+}
+
+// acc[t] = fma(float(s) * a_t.d, w.d, acc[t]) for 4 tokens' sums of rows 0-7 (s0, scales dw0)
+// and 8-15 (s1, dw1): PackedTileReference's step.
+KVMESH_AVX2_INLINE void AddScaled4(const __m256i (&s0)[4], const __m256i (&s1)[4],
+                                   const BlockA16* const (&ab)[4], __m256 dw0, __m256 dw1,
+                                   float (&acc)[4][16]) {
+  for (int t = 0; t < 4; ++t) {
+    const __m256 ad = _mm256_set1_ps(ab[t]->d);
+    _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0[t]), ad), dw0,
+                                            _mm256_load_ps(acc[t])));
+    _mm256_store_ps(acc[t] + 8, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1[t]), ad), dw1,
+                                                _mm256_load_ps(acc[t] + 8)));
+  }
 }
 
 // A whole group (both 8-row halves) against 4 tokens: each broadcast activation pair feeds
@@ -748,8 +766,18 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
     shares.Next();
     const BlockA16* ab[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
-    const Sums4 u =
-        BlockSums4<T>(q, ab[0], a_stride * static_cast<int64_t>(sizeof(BlockA16)), ab[3]);
+    const int64_t st = a_stride * static_cast<int64_t>(sizeof(BlockA16));
+    if constexpr (PackedHalfScales(T)) {  // Q6_K: each 16-element half with its scales
+      for (int h = 0; h < 2; ++h) {
+        const Sums4 u =
+            h == 0 ? BlockSums4<T, 0>(q, ab[0], st, ab[3]) : BlockSums4<T, 1>(q, ab[0], st, ab[3]);
+        const __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
+        AddScaled4(s0, s1, ab, PackedScales8<T>(blk, 0, h == 1), PackedScales8<T>(blk, 1, h == 1),
+                   acc);
+      }
+      continue;
+    }
+    const Sums4 u = BlockSums4<T>(q, ab[0], st, ab[3]);
     __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
     if constexpr (T == DType::kQ4_0) {
       // sum (w - 8) a = sum w a - 8 sum a, exactly in int32 (the shift in a vector: a sum from
@@ -760,15 +788,7 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
         s1[t] = _mm256_sub_epi32(s1[t], off);
       }
     }
-    const __m256 dw0 = PackedScales8<T>(blk, 0, false);
-    const __m256 dw1 = PackedScales8<T>(blk, 1, false);
-    for (int t = 0; t < N; ++t) {
-      const __m256 ad = _mm256_set1_ps(ab[t]->d);
-      _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0[t]), ad), dw0,
-                                              _mm256_load_ps(acc[t])));
-      _mm256_store_ps(acc[t] + 8, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1[t]), ad), dw1,
-                                                  _mm256_load_ps(acc[t] + 8)));
-    }
+    AddScaled4(s0, s1, ab, PackedScales8<T>(blk, 0, false), PackedScales8<T>(blk, 1, false), acc);
   }
   __m256 mins0[N], mins1[N];
   for (int t = 0; t < N; ++t) mins0[t] = mins1[t] = _mm256_setzero_ps();
@@ -798,7 +818,7 @@ template <DType T, int N>
 KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const BlockA16* a,
                             int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead,
                             int64_t pass, int64_t passes) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T);
+  constexpr bool kQ8 = PackedBytesQuants(T), kMin = PackedHasMins(T), kHalves = PackedHalfScales(T);
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int64_t kScales = PackedScaleBytes(T);
   __m256 acc[N], mins[N];
@@ -809,16 +829,17 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
     const uint8_t* q = blk + kScales + 16 * half;
     shares.Next();
     const BlockA16* ab[N];
-    __m256i s[N];
+    __m256i s[N], s2[N];  // Q6_K: elements 16..31 sum apart, into s2
     for (int t = 0; t < N; ++t) {
       ab[t] = a + t * a_stride + b;
-      s[t] = _mm256_setzero_si256();
+      s[t] = s2[t] = _mm256_setzero_si256();
     }
     if constexpr (kQ8) {
       for (int k = 0; k < 16; ++k) {
         const __m256i w = _mm256_cvtepi8_epi16(Load16(q + 32 * k));
         for (int t = 0; t < N; ++t) {
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(w, Broadcast32(ab[t]->qs + 2 * k)));
+          __m256i& acc_k = kHalves && k >= 8 ? s2[t] : s[t];
+          acc_k = _mm256_add_epi32(acc_k, _mm256_madd_epi16(w, Broadcast32(ab[t]->qs + 2 * k)));
         }
       }
     } else {
@@ -840,6 +861,13 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
     for (int t = 0; t < N; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(ab[t]->d)),
                                dw, acc[t]);
+    }
+    if constexpr (kHalves) {
+      const __m256 dw2 = PackedScales8<T>(blk, half, true);
+      for (int t = 0; t < N; ++t) {
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s2[t]), _mm256_set1_ps(ab[t]->d)),
+                                 dw2, acc[t]);
+      }
     }
     if constexpr (kMin) {
       const __m256 m = PackedScales8<T>(blk, half, true);
@@ -979,9 +1007,9 @@ const Primitives& Avx2Primitives() {
       .q4_k_a16 = DotQ4_KA16,
       .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
-      .packed_tile =
-          PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                            PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>>,
+      .packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
+                                       PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>,
+                                       PackedTileOf<DType::kQ4_K>, PackedTileOf<DType::kQ6_K>>,
       .packed_tile_a8 =
           PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,

@@ -207,18 +207,19 @@ __attribute__((always_inline)) KVMESH_AVX512 inline void AskAhead(const uint8_t*
   }
 }
 
-// A packed group-block's 16 scales, or its 16 minimums, as fp32 (kernels/packed.h).
+// A packed group-block's 16 scales, or (second) its 16 minimums or second half's scales, as
+// fp32 (kernels/packed.h).
 template <DType T>
-KVMESH_AVX512 inline __m512 PackedScales(const uint8_t* blk, bool minimum) {
-  if constexpr (PackedScalesF32(T)) return _mm512_loadu_ps(blk + (minimum ? 64 : 0));
+KVMESH_AVX512 inline __m512 PackedScales(const uint8_t* blk, bool second) {
+  if constexpr (PackedScalesF32(T)) return _mm512_loadu_ps(blk + (second ? 64 : 0));
   return _mm512_cvtph_ps(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (minimum ? 32 : 0))));
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (second ? 32 : 0))));
 }
 
 template <DType T, int N>
 KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16* a,
                                 int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T);
+  constexpr bool kQ8 = PackedBytesQuants(T), kMin = PackedHasMins(T), kHalves = PackedHalfScales(T);
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int64_t kScales = PackedScaleBytes(T);
   constexpr int P = N >= 4 ? 1 : (N >= 2 ? 2 : 4);
@@ -230,17 +231,23 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
     AskAhead(ahead, b * kGroupBlock, kGroupBlock);
     const BlockA16* ab[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
-    __m512i s[N][P];
+    // Q6_K: elements 16..31 (k >= 8) sum apart, into s2.
+    __m512i s[N][P], s2[N][P];
     for (int t = 0; t < N; ++t) {
       for (int c = 0; c < P; ++c) s[t][c] = _mm512_setzero_si512();
+      if constexpr (kHalves) {
+        for (int c = 0; c < P; ++c) s2[t][c] = _mm512_setzero_si512();
+      }
     }
     if constexpr (kQ8) {
 #pragma GCC unroll 16
       for (int k = 0; k < 16; ++k) {
         const __m512i w =
             _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)));
-        for (int t = 0; t < N; ++t)
-          s[t][k % P] = _mm512_dpwssd_epi32(s[t][k % P], w, Broadcast32(ab[t]->qs + 2 * k));
+        for (int t = 0; t < N; ++t) {
+          __m512i& acc_k = kHalves && k >= 8 ? s2[t][k % P] : s[t][k % P];
+          acc_k = _mm512_dpwssd_epi32(acc_k, w, Broadcast32(ab[t]->qs + 2 * k));
+        }
       }
     } else {
 #pragma GCC unroll 8
@@ -267,6 +274,15 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
       for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s[t][c]);
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(st), _mm512_set1_ps(ab[t]->d)), dw,
                                acc[t]);
+    }
+    if constexpr (kHalves) {
+      const __m512 dw2 = PackedScales<T>(blk, true);
+      for (int t = 0; t < N; ++t) {
+        __m512i st = s2[t][0];
+        for (int c = 1; c < P; ++c) st = _mm512_add_epi32(st, s2[t][c]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(st), _mm512_set1_ps(ab[t]->d)),
+                                 dw2, acc[t]);
+      }
     }
     if constexpr (kMin) {
       const __m512 m = PackedScales<T>(blk, true);
@@ -1044,9 +1060,9 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile =
-        PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                          PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>>;
+    d.packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
+                                      PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>,
+                                      PackedTileOf<DType::kQ4_K>, PackedTileOf<DType::kQ6_K>>;
     d.packed_tile_a8 =
         PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>;
     d.qk_t = QkT;

@@ -203,6 +203,12 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ4_K, 32, 256, 3},
       {DType::kQ4_K, 48, 768, 16},
       {DType::kQ4_K, 16, 256, 29},
+      // Q6_K (blocks packed as Q8_0 with a fp32 scale per 16-element half), the same spread.
+      {DType::kQ6_K, 16, 256, 1},
+      {DType::kQ6_K, 37, 512, 6},
+      {DType::kQ6_K, 32, 256, 3},
+      {DType::kQ6_K, 48, 768, 16},
+      {DType::kQ6_K, 16, 256, 29},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -271,9 +277,9 @@ void PackedMatMulCases(ActBits bits) {
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     // A K-quant slice starts and ends on its 256-element super-blocks.
-    const int64_t k = t == DType::kQ4_K ? 4 : 1;
+    const int64_t k = t == DType::kQ4_K || t == DType::kQ6_K ? 4 : 1;
     const int64_t rows = 40, cols = 256 * k, c0 = 64 * k, c1 = 192 * k;
     const auto w = RandomWeights(t, rows, cols, 77);
     const auto rb = static_cast<size_t>(RowBytes(t, cols));
