@@ -37,6 +37,12 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
       blk[i].d = FloatToFp16(0.001f);
       blk[i].dmin = FloatToFp16(0.002f);
     }
+  } else if (t == DType::kQ5_K) {
+    auto* blk = reinterpret_cast<BlockQ5_K*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ5_K); ++i) {
+      blk[i].d = FloatToFp16(0.001f);
+      blk[i].dmin = FloatToFp16(0.002f);
+    }
   } else if (t == DType::kQ6_K) {
     auto* blk = reinterpret_cast<BlockQ6_K*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) blk[i].d = FloatToFp16(0.001f);
@@ -92,13 +98,19 @@ BENCHMARK(BM_MatMulQ4_1)
     ->UseRealTime();
 // The tied LM head (Q8_0 in SmolLM2's Q4_1 file): 49,152 x 576, 30 MB, from memory each step.
 BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();
-// K-quants at a 7B model's 4096 x 4096, as in Q4_K_M files: row-major (0) and packed (1: Q4_K's
-// sub-blocks as Q4_1 and Q6_K's blocks as Q8_0, with fp32 scales; kernels/packed.h).
+// K-quants at a 7B model's 4096 x 4096, as in Q4_K_M and Q5_K_M files: row-major (0) and packed
+// (1: Q4_K's sub-blocks as Q4_1, Q5_K's as Q8_0 with minimums, Q6_K's blocks as Q8_0, with fp32
+// scales; kernels/packed.h). Q5_K's row-major dot is plain C++ (it runs only past the groups).
 void BM_MatMulQ4_K(benchmark::State& st) { BM_MatMul<DType::kQ4_K>(st); }
+void BM_MatMulQ5_K(benchmark::State& st) { BM_MatMul<DType::kQ5_K>(st); }
 void BM_MatMulQ6_K(benchmark::State& st) { BM_MatMul<DType::kQ6_K>(st); }
 // 32 copies (0.4-0.7 GB, past the L3): one token streaming its weights from memory, where the
 // packed forms' extra bytes (a third more for Q4_K, half more for Q6_K) count most.
 BENCHMARK(BM_MatMulQ4_K)
+    ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
+    ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
+    ->UseRealTime();
+BENCHMARK(BM_MatMulQ5_K)
     ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
     ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
     ->UseRealTime();

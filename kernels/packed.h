@@ -32,6 +32,10 @@
 // integer sum on its own: acc = fma(float(s_lo) * a.d, d, acc), then the same with s_hi and d2.
 // A group-block is 640 bytes, 10 bits a weight against the file's 6.56.
 //
+// Q5_K packs as Q8_0's quants with Q4_K's fp32 scale and minimum: a sub-block's values d * sc *
+// q - dmin * m, q of 5 bits, as int8 quants q in Q8_0's layout (640 bytes a group-block, 10 bits
+// a weight against the file's 5.5); its product is Q4_1's steps over Q8_0's integer sums.
+//
 // For 8-bit activations (ActBits::k8, Q4_0 and Q4_1 only) the quants are laid out for
 // VPMADDUBSW instead: chunk p (32 bytes, elements 4p..4p+3) holds in byte 4j + e row j's
 // element 4p + e in its low nibble and row 8 + j's in its high one, so one register of low
@@ -48,7 +52,7 @@ namespace kvmesh::kernels {
 
 inline constexpr int64_t kPackRows = 16;
 
-// Q4_0, Q4_1, Q8_0, Q4_K and Q6_K have a packed form.
+// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K have a packed form.
 bool PackableType(DType t);
 
 // The width of the activations the packed products of a model run against. 16 (the default)
@@ -62,13 +66,19 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
   return bits == ActBits::k8 && (t == DType::kQ4_0 || t == DType::kQ4_1);
 }
 
-// Whether a packed type stores its scales as fp32 (Q4_K, Q6_K), adds minimums (Q4_1, Q4_K),
-// scales each 16-element half of a block on its own (Q6_K), and has int8 quants (Q8_0, Q6_K;
-// the others: nibbles).
-constexpr bool PackedScalesF32(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
-constexpr bool PackedHasMins(DType t) { return t == DType::kQ4_1 || t == DType::kQ4_K; }
+// Whether a packed type stores its scales as fp32 (the K-quants), adds minimums (Q4_1, Q4_K,
+// Q5_K), scales each 16-element half of a block on its own (Q6_K), and has int8 quants (Q8_0,
+// Q5_K, Q6_K; the others: nibbles).
+constexpr bool PackedScalesF32(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+}
+constexpr bool PackedHasMins(DType t) {
+  return t == DType::kQ4_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+}
 constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K; }
-constexpr bool PackedBytesQuants(DType t) { return t == DType::kQ8_0 || t == DType::kQ6_K; }
+constexpr bool PackedBytesQuants(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ5_K || t == DType::kQ6_K;
+}
 
 // Bytes of a packed group-block's scales, before its quants: 16 of each scale (and minimum).
 constexpr int64_t PackedScaleBytes(DType t) {

@@ -18,6 +18,7 @@ enum class DType : uint32_t {
   kQ4_1 = 3,
   kQ8_0 = 8,
   kQ4_K = 12,
+  kQ5_K = 13,
   kQ6_K = 14,
   kBF16 = 30,
 };
@@ -63,6 +64,12 @@ struct BlockQ4_K {
   uint8_t scales[12];  // 8 six-bit scales and 8 six-bit mins, packed
   uint8_t qs[kQKK / 2];
 };
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];    // as Q4_K's
+  uint8_t qh[kQKK / 8];  // element 64c + 32h + l's fifth bit: bit 2c + h of qh[l]
+  uint8_t qs[kQKK / 2];  // its low four bits: Q4_K's nibble of that element
+};
 struct BlockQ6_K {
   uint8_t ql[kQKK / 2];
   uint8_t qh[kQKK / 4];
@@ -83,10 +90,11 @@ static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockA16) == 76);
 static_assert(sizeof(BlockA8) == 44);
 static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 
-// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits of
-// bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
+// Q4_K (and Q5_K) packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits
+// of bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
 // from the top of bytes 0..3 / 4..7.
 inline void UnpackScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
   if (j < 4) {

@@ -16,7 +16,7 @@ constexpr int64_t kRowTile = kPackRows;
 
 bool IsIntegerPath(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
-         t == DType::kQ6_K;
+         t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
 // The tokens' activations, quantised once per product input: 16-bit blocks for the integer
@@ -149,6 +149,8 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
       return QuantTile<BlockQ8_0>(a, r0, r1, xq, d.q8_0_a16, d.q8_0_tile);
     case DType::kQ4_K:
       return QuantTile<BlockQ4_K>(a, r0, r1, xq, d.q4_k_a16, nullptr);
+    case DType::kQ5_K:
+      return QuantTile<BlockQ5_K>(a, r0, r1, xq, d.q5_k_a16, nullptr);
     case DType::kQ6_K:
       return QuantTile<BlockQ6_K>(a, r0, r1, xq, d.q6_k_a16, nullptr);
     default:

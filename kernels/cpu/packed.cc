@@ -1,9 +1,10 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K rows into 16-row groups (kernels/packed.h) and the
-// reference product over a packed group.
+// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows into 16-row groups (kernels/packed.h) and
+// the reference product over a packed group.
 #include "kernels/packed.h"
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/primitives.h"
 #include "kernels/fp16.h"
@@ -14,20 +15,21 @@ namespace {
 // Element e (0..31) of a Q4 block's nibbles: e < 16 low nibble of qs[e], else high of qs[e - 16].
 int Nibble(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >> 4; }
 
-// Row r's sub-block b of a Q4_K row (32 elements) as Q4_1's fields: its nibbles in element
-// order (qs[e] low and qs[e + 16] high hold elements e and e + 16, as in BlockQ4_1) and its
-// scale d * sc and minimum -dmin * m, exact in fp32.
-void Q4KSubBlock(const uint8_t* row, int64_t b, uint8_t* qs, float* d, float* m) {
-  const auto* x = reinterpret_cast<const BlockQ4_K*>(row) + b / 8;
+// Row r's sub-block b (32 elements) of a Q4_K or Q5_K row: its values in element order (Q4_K
+// 0..15; Q5_K 0..31, bit j of qh[l] the fifth bit of sub-block j's element l) and its scale
+// d * sc and minimum -dmin * m, exact in fp32.
+template <typename Block>
+void KSubBlock(const uint8_t* row, int64_t b, uint8_t* v, float* d, float* m) {
+  const auto* x = reinterpret_cast<const Block*>(row) + b / 8;
   const int j = static_cast<int>(b % 8);
   uint8_t sc, mn;
   UnpackScaleMinK4(j, x->scales, &sc, &mn);
   *d = Fp16ToFloat(x->d) * static_cast<float>(sc);
   *m = -(Fp16ToFloat(x->dmin) * static_cast<float>(mn));
   const uint8_t* q = x->qs + 32 * (j / 2);
-  const int shift = 4 * (j % 2);
-  for (int e = 0; e < 16; ++e) {
-    qs[e] = static_cast<uint8_t>((q[e] >> shift & 15) | (q[e + 16] >> shift & 15) << 4);
+  for (int l = 0; l < kQK; ++l) {
+    v[l] = q[l] >> (4 * (j % 2)) & 15;
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) v[l] |= (x->qh[l] >> j & 1) << 4;
   }
 }
 
@@ -62,12 +64,17 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
     // A K-quant's block as the fields of the type it packs as (Q4_1, Q8_0): 2 bytes in.
     uint8_t k_block[2 + kQK];
     const uint8_t* blk = k_block;
-    if (t == DType::kQ4_K || t == DType::kQ6_K) {
+    if (t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K) {
       float d, m;
-      if (t == DType::kQ4_K) {
-        Q4KSubBlock(rows + r * row_bytes, b, k_block + 2, &d, &m);
+      const uint8_t* row = rows + r * row_bytes;
+      if (t == DType::kQ4_K) {  // the values as Q4_1's nibbles: e low, e + 16 high
+        uint8_t v[kQK];
+        KSubBlock<BlockQ4_K>(row, b, v, &d, &m);
+        for (int e = 0; e < 16; ++e) k_block[2 + e] = static_cast<uint8_t>(v[e] | v[e + 16] << 4);
+      } else if (t == DType::kQ5_K) {  // the values as Q8_0's bytes
+        KSubBlock<BlockQ5_K>(row, b, k_block + 2, &d, &m);
       } else {
-        Q6KBlock(rows + r * row_bytes, b, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
+        Q6KBlock(row, b, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
       }
       std::memcpy(dst + 4 * r, &d, 4);
       std::memcpy(dst + 64 + 4 * r, &m, 4);
@@ -117,7 +124,7 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
 
 bool PackableType(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
-         t == DType::kQ6_K;
+         t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }

@@ -52,6 +52,7 @@ struct Primitives {
   // K-quant super-blocks (256 elements = 8 activation blocks); nb still counts 32-element
   // activation blocks (a multiple of 8).
   float (*q4_k_a16)(const BlockQ4_K* x, const BlockA16* y, int64_t nb);
+  float (*q5_k_a16)(const BlockQ5_K* x, const BlockA16* y, int64_t nb);  // plain C++ everywhere
   float (*q6_k_a16)(const BlockQ6_K* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
@@ -60,11 +61,11 @@ struct Primitives {
   using Tile4x4 = void (*)(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
                            int64_t nb, float* out, int64_t ldo);
   Tile4x4 q4_0_tile = nullptr, q4_1_tile = nullptr, q8_0_tile = nullptr;
-  // One packed group of 16 rows (kernels/packed.h; type Q4_0, Q4_1, Q8_0, Q4_K or Q6_K) against
+  // One packed group of 16 rows (kernels/packed.h; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K) against
   // `tokens` tokens: out[t * ldo + r] for r < 16, token t's nb blocks at a + t * a_stride. Per
   // row and token, in block order: s = the block's exact int32 dot product (Q4_0 weights minus
   // 8), acc = fma(float(s) * a.d, w.d, acc) (Q6_K: for each 16-element half, its sum and scale),
-  // and for Q4_1 and Q4_K mins = fma(w.m, a.dsum, mins);
+  // and for Q4_1, Q4_K and Q5_K mins = fma(w.m, a.dsum, mins);
   // the result is acc + mins. Every table's entry gives the same bits. next_group: the group
   // the caller takes next, whose bytes a kernel may ask for while it computes (null: none).
   using PackedTile = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
@@ -218,7 +219,7 @@ using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const Block* a
                                 int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
 template <typename Block, PackedTypeTile<Block> Q4_0, PackedTypeTile<Block> Q4_1,
           PackedTypeTile<Block> Q8_0 = nullptr, PackedTypeTile<Block> Q4_K = nullptr,
-          PackedTypeTile<Block> Q6_K = nullptr>
+          PackedTypeTile<Block> Q5_K = nullptr, PackedTypeTile<Block> Q6_K = nullptr>
 void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block* a,
                        int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                        const uint8_t* next_group) {
@@ -226,6 +227,7 @@ void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block
                                   : type == DType::kQ4_1 ? Q4_1
                                   : type == DType::kQ8_0 ? Q8_0
                                   : type == DType::kQ4_K ? Q4_K
+                                  : type == DType::kQ5_K ? Q5_K
                                   : type == DType::kQ6_K ? Q6_K
                                                          : nullptr;
   if (k != nullptr) return k(group, nb, a, a_stride, tokens, out, ldo, next_group);

@@ -85,7 +85,7 @@ void Configure(int tokens) {
 // The group-block's quants as B: row p, column r holds row r's elements 4p..4p+3.
 template <DType T>
 inline void WeightsAsB(const uint8_t* q, uint8_t* b) {
-  if constexpr (T == DType::kQ8_0) {
+  if constexpr (PackedBytesQuants(T)) {
     // Chunk k's bytes 2r, 2r + 1 are row r's elements 2k, 2k + 1: chunks 2p and 2p + 1 side by
     // side per row.
     for (int p = 0; p < 8; ++p) {
@@ -125,7 +125,7 @@ inline __m512 PackedScales(const uint8_t* blk, bool minimum) {
 template <DType T, int N>
 void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const BlockA16Head* heads,
              int64_t a_stride, float* out, int64_t ldo, const uint8_t* ahead) {
-  constexpr bool kQ8 = T == DType::kQ8_0, kMin = PackedHasMins(T), kOffset = T == DType::kQ4_0;
+  constexpr bool kQ8 = PackedBytesQuants(T), kMin = PackedHasMins(T), kOffset = T == DType::kQ4_0;
   constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
   constexpr int64_t kScales = PackedScaleBytes(T);
   alignas(64) uint8_t bt[3][8][64];
@@ -286,6 +286,9 @@ void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const Bloc
                                         next_group);
     case DType::kQ4_K:
       return AmxTileSplit<DType::kQ4_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
+                                        next_group);
+    case DType::kQ5_K:
+      return AmxTileSplit<DType::kQ5_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
                                         next_group);
     case DType::kQ6_K:  // two scales a block: the AVX-512 kernel, not tiles (K = 32 a product)
       return Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo,

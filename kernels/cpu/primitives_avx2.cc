@@ -1005,11 +1005,13 @@ const Primitives& Avx2Primitives() {
       .q4_1_a16 = DotQ4_1A16,
       .q8_0_a16 = DotQ8_0A16,
       .q4_k_a16 = DotQ4_KA16,
+      .q5_k_a16 = ScalarPrimitives().q5_k_a16,  // rows past the packed groups only
       .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
-      .packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
-                                       PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>,
-                                       PackedTileOf<DType::kQ4_K>, PackedTileOf<DType::kQ6_K>>,
+      .packed_tile =
+          PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                            PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>,
+                            PackedTileOf<DType::kQ5_K>, PackedTileOf<DType::kQ6_K>>,
       .packed_tile_a8 =
           PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,

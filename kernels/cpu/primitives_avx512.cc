@@ -1060,9 +1060,10 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile = PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>,
-                                      PackedTileOf<DType::kQ4_1>, PackedTileOf<DType::kQ8_0>,
-                                      PackedTileOf<DType::kQ4_K>, PackedTileOf<DType::kQ6_K>>;
+    d.packed_tile =
+        PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
+                          PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>,
+                          PackedTileOf<DType::kQ5_K>, PackedTileOf<DType::kQ6_K>>;
     d.packed_tile_a8 =
         PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>;
     d.qk_t = QkT;

@@ -72,6 +72,27 @@ float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
   return sum;
 }
 
+// Q5_K: Q4_K's sub-blocks with a fifth bit per value (bit j of qh[l] for sub-block j).
+float DotQ5_KA16(const BlockQ5_K* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb / 8; ++i) {
+    const float d = Fp16ToFloat(x[i].d), dmin = Fp16ToFloat(x[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      const BlockA16& a = y[i * 8 + j];
+      const uint8_t* q = x[i].qs + 32 * (j / 2);
+      uint8_t sc, mn;
+      UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
+      int32_t s = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int v = (j % 2 ? q[l] >> 4 : q[l] & 0xF) | ((x[i].qh[l] >> j) & 1) << 4;
+        s += v * a.qs[l];
+      }
+      sum += a.d * (d * sc * static_cast<float>(s) - dmin * mn * static_cast<float>(a.sum));
+    }
+  }
+  return sum;
+}
+
 // Q6_K: 16 sub-blocks of 16 with int8 scales; an activation block covers two of them.
 float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
   float sum = 0.0f;
@@ -263,6 +284,7 @@ const Primitives& ScalarPrimitives() {
                             .q4_1_a16 = DotQ4_1A16,
                             .q8_0_a16 = DotQ8_0A16,
                             .q4_k_a16 = DotQ4_KA16,
+                            .q5_k_a16 = DotQ5_KA16,
                             .q6_k_a16 = DotQ6_KA16,
                             .f32_f32 = DotF32F32,
                             .packed_tile = PackedTileReference,

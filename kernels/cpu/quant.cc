@@ -25,6 +25,8 @@ std::optional<DTypeTraits> TraitsOf(uint32_t type_id) {
       return DTypeTraits{"Q8_0", kQK, sizeof(BlockQ8_0)};
     case DType::kQ4_K:
       return DTypeTraits{"Q4_K", kQKK, sizeof(BlockQ4_K)};
+    case DType::kQ5_K:
+      return DTypeTraits{"Q5_K", kQKK, sizeof(BlockQ5_K)};
     case DType::kQ6_K:
       return DTypeTraits{"Q6_K", kQKK, sizeof(BlockQ6_K)};
   }
@@ -66,20 +68,26 @@ void DequantQ8_0(const BlockQ8_0* b, float* y, int64_t nb) {
   }
 }
 
-void DequantQ4_K(const BlockQ4_K* b, float* y, int64_t nb) {
+// Q4_K and Q5_K: 4 chunks of 64 elements, 32 low nibbles with sub-block 2c and 32 high nibbles
+// with 2c + 1; Q5_K's values have a fifth bit, bit j of qh[l] for element l of sub-block j.
+template <typename Block>
+void DequantK4(const Block* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFloat(b[i].d), dmin = Fp16ToFloat(b[i].dmin);
     const uint8_t* q = b[i].qs;
     float* out = y + i * kQKK;
-    // 4 chunks of 64 elements: 32 low nibbles with sub-block 2c, 32 high nibbles with 2c+1.
     for (int c = 0; c < 4; ++c) {
-      uint8_t sc, mn;
-      UnpackScaleMinK4(2 * c, b[i].scales, &sc, &mn);
-      const float d1 = d * sc, m1 = dmin * mn;
-      UnpackScaleMinK4(2 * c + 1, b[i].scales, &sc, &mn);
-      const float d2 = d * sc, m2 = dmin * mn;
-      for (int l = 0; l < 32; ++l) out[c * 64 + l] = d1 * (q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) out[c * 64 + 32 + l] = d2 * (q[l] >> 4) - m2;
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * c + h;
+        uint8_t sc, mn;
+        UnpackScaleMinK4(j, b[i].scales, &sc, &mn);
+        const float dj = d * sc, mj = dmin * mn;
+        for (int l = 0; l < 32; ++l) {
+          int v = h ? q[l] >> 4 : q[l] & 0xF;
+          if constexpr (std::is_same_v<Block, BlockQ5_K>) v |= (b[i].qh[l] >> j & 1) << 4;
+          out[c * 64 + 32 * h + l] = dj * v - mj;
+        }
+      }
       q += 32;
     }
   }
@@ -137,7 +145,9 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
     case DType::kQ8_0:
       return DequantQ8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
     case DType::kQ4_K:
-      return DequantQ4_K(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+      return DequantK4(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+    case DType::kQ5_K:
+      return DequantK4(static_cast<const BlockQ5_K*>(src), dst, n / kQKK);
     case DType::kQ6_K:
       return DequantQ6_K(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
   }

@@ -66,6 +66,7 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t
           set_h(blk + 2, -8 * sc(rng));
           break;
         case DType::kQ4_K:
+        case DType::kQ5_K:
           set_h(blk, sc(rng) / 10);
           set_h(blk + 2, sc(rng) / 10);
           break;
@@ -130,8 +131,9 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
       {DType::kQ4_1, 17, 576, 1}, {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
       {DType::kQ4_1, 37, 96, 9},  {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
       {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
-      {DType::kQ6_K, 6, 768, 5},  {DType::kQ4_K, 4, 1024, 1},  {DType::kF16, 7, 40, 3},
-      {DType::kBF16, 11, 24, 2},  {DType::kF32, 19, 33, 5},
+      {DType::kQ6_K, 6, 768, 5},  {DType::kQ4_K, 4, 1024, 1},  {DType::kQ5_K, 9, 512, 3},
+      {DType::kQ5_K, 4, 256, 1},  {DType::kF16, 7, 40, 3},     {DType::kBF16, 11, 24, 2},
+      {DType::kF32, 19, 33, 5},
   };
   for (const MatMulCase& c : cases) {
     const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
@@ -209,6 +211,12 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ6_K, 32, 256, 3},
       {DType::kQ6_K, 48, 768, 16},
       {DType::kQ6_K, 16, 256, 29},
+      // Q5_K (sub-blocks packed as Q8_0's bytes with Q4_K's fp32 scale and minimum).
+      {DType::kQ5_K, 16, 256, 1},
+      {DType::kQ5_K, 37, 512, 6},
+      {DType::kQ5_K, 32, 256, 3},
+      {DType::kQ5_K, 48, 768, 16},
+      {DType::kQ5_K, 16, 256, 29},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -277,9 +285,10 @@ void PackedMatMulCases(ActBits bits) {
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t :
+       {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     // A K-quant slice starts and ends on its 256-element super-blocks.
-    const int64_t k = t == DType::kQ4_K || t == DType::kQ6_K ? 4 : 1;
+    const int64_t k = TraitsOf(t).block_elems == kQKK ? 4 : 1;
     const int64_t rows = 40, cols = 256 * k, c0 = 64 * k, c1 = 192 * k;
     const auto w = RandomWeights(t, rows, cols, 77);
     const auto rb = static_cast<size_t>(RowBytes(t, cols));
