@@ -48,6 +48,7 @@ constexpr char kUsage[] =
     "            [--max-batched-tokens 512] [--max-sessions 256] [--tp-collectives shm|mpi]\n"
     "            [--activation-bits 16|8]  (8: ggml's numerics, faster batched)\n"
     "            [--attention-bits 32|16]  (16: bf16 operands, faster with many sequences)\n"
+    "            [--no-repack]  (the file's row-major weights: no extra bytes, slower)\n"
     "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
@@ -186,7 +187,7 @@ int Run(int argc, char** argv) {
       argc, argv, 2,
       With(kLaunchFlags, {"model", "prompt", "max-tokens", "temperature", "top-k", "top-p",
                           "repeat-penalty", "seed", "session", "prompts", "test-preempt"}),
-      {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse"});
+      {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse", "no-repack"});
   if (!f.ok()) return Fail(f.status());
   if (f->Has("prompt") + f->Has("session") + f->Has("prompts") != 1) {
     return Fail(
@@ -280,6 +281,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["isa"] = std::string(kernels::IsaName(kernels::ActiveIsa()));
     j["activation_bits"] = e.activation_bits();
     j["attention_bits"] = e.attention_bits();
+    j["repacked"] = e.repacked();
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
@@ -288,7 +290,8 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
               << r->tokens.size() << " generated in " << decode_ms << " ms (" << r->stop_reason
               << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
               << (e.activation_bits() == 8 ? ", 8-bit activations" : "")
-              << (e.attention_bits() == 16 ? ", bf16 attention" : "") << ")\n";
+              << (e.attention_bits() == 16 ? ", bf16 attention" : "")
+              << (e.repacked() ? "" : ", row-major weights") << ")\n";
   }
   return 0;
 }
@@ -308,8 +311,8 @@ int Tokenize(int argc, char** argv) {
 int LogitsLeader(const Flags& f, serving::ServingEngine& se, int64_t k);
 
 int Logits(int argc, char** argv) {
-  auto f =
-      Flags::Parse(argc, argv, 2, With(kLaunchFlags, {"model", "prompt", "top-k"}), {"print-plan"});
+  auto f = Flags::Parse(argc, argv, 2, With(kLaunchFlags, {"model", "prompt", "top-k"}),
+                        {"print-plan", "no-repack"});
   if (!f.ok()) return Fail(f.status());
   if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("logits: --prompt is required"));
   auto k = f->Int("top-k", 20, 1, 1 << 24);

@@ -175,6 +175,7 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   o.block_size = static_cast<int32_t>(*block_size);
   o.activation_bits = static_cast<int>(*act_bits);
   o.attention_bits = static_cast<int>(*attn_bits);
+  o.repack_weights = !f.Has("no-repack");
   auto e = worker::Engine::Create(o);
   absl::Status st = e.status();
   if (!e.ok() && e.status().code() == absl::StatusCode::kNotFound && !f.Has("model")) {

@@ -40,7 +40,7 @@ struct Launch {
 
 // Reads --threads --ctx-size --tp --pp --model --print-plan --kv-cache-mem (MiB per rank)
 // --block-size --max-seqs --max-batched-tokens --no-prefix-reuse --tp-collectives
-// --activation-bits --attention-bits, starts MPI when
+// --activation-bits --attention-bits --no-repack, starts MPI when
 // the run has more than one rank, checks the world size and loads the engine on every rank. A
 // failure on any rank is returned on every rank, naming the first failing rank. Rank 0 also gets
 // the serving engine.

@@ -20,7 +20,7 @@ int Serve(int argc, char** argv) {
   valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
                  "served-model-name", "config", "rpc-port", "rpc-frame-timeout"});
   auto f = Flags::Parse(argc, argv, 2, valued,
-                        {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc"});
+                        {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc", "no-repack"});
   if (!f.ok()) return Fail(f.status());
   if (f->Has("prefix-reuse") && f->Has("no-prefix-reuse")) {
     return Fail(absl::InvalidArgumentError("give --prefix-reuse or --no-prefix-reuse, not both"));

@@ -40,6 +40,7 @@ const std::map<std::string, Key>& Keys() {
       {"threads", {"threads", Kind::kInt}},
       {"activation_bits", {"activation-bits", Kind::kInt}},
       {"attention_bits", {"attention-bits", Kind::kInt}},
+      {"repack_weights", {"no-repack", Kind::kBool}},
       {"max_body_bytes", {"max-body-bytes", Kind::kInt}},
   };
   return keys;
@@ -87,7 +88,8 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
           return absl::InvalidArgumentError(
               StrCat("--config '", path, "': '", name, "' must be true or false"));
         }
-        if (!b) out[key.flag] = "true";  // enable_prefix_caching: false -> --no-prefix-reuse
+        // enable_prefix_caching: false -> --no-prefix-reuse (repack_weights: --no-repack)
+        if (!b) out[key.flag] = "true";
       } else {
         out[key.flag] = v.as<std::string>();
       }

@@ -63,7 +63,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   }
   e->forward_ = std::make_unique<LlamaForward>(
       *e->model_, *e->pool_, *shard, e->comm_, place, 512,
-      opts.activation_bits == 8 ? kernels::ActBits::k8 : kernels::ActBits::k16);
+      opts.activation_bits == 8 ? kernels::ActBits::k8 : kernels::ActBits::k16,
+      opts.repack_weights);
   e->forward_->set_phase_times(opts.phase_times);
   if (opts.attention_bits != 16 && opts.attention_bits != 32) {
     return absl::InvalidArgumentError(
@@ -112,9 +113,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->pp_ = opts.pp;
   e->kv_bytes_per_token_ = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
   // Block names must differ whenever the bytes a block holds could: another model file, another
-  // split of heads or layers, another block size or element format, other activation or attention
-  // numerics (8-bit activations and bf16 attention compute other K and V). The model is named by a
-  // hash of its GGUF header (metadata and tensor table) and its size.
+  // split of heads or layers, another block size or element format, other activation, product or
+  // attention numerics (8-bit activations, row-major products and bf16 attention compute other K
+  // and V). The model is named by a hash of its GGUF header (metadata and tensor table) and its
+  // size.
   const auto& g = e->model_->gguf();
   const kvstore::BlockHash model_id = kvstore::CacheSalt(g.header());
   char id[40];
@@ -123,7 +125,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   e->cache_salt_ =
       StrCat("model=", id, ":", g.file_size(), ";tp=", tp_size, ";pp=", opts.pp,
              ";kv=", e->forward_->bf16_attention() ? "bf16-pairs" : "fp16,k-transposed",
-             ";block=", opts.block_size, e->forward_->eight_bit_activations() ? ";act=8" : "");
+             ";block=", opts.block_size, e->forward_->eight_bit_activations() ? ";act=8" : "",
+             e->forward_->repacked() ? "" : ";products=row-major");
   return e;
 }
 

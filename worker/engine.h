@@ -45,6 +45,11 @@ struct EngineOptions {
   // numerics for a bf16 model; twice the multiply-add rate with AVX-512 BF16, so faster when many
   // sequences share a context; kernels/ops.h PagedAttentionArgs::bf16).
   int attention_bits = 32;
+  // Repack the integer-path matrices for the packed kernels (kernels/packed.h) where the ISA has
+  // them: the default, faster at every batch size. False keeps the file's row-major blocks: no
+  // extra bytes where packing adds them (the K-quants: Q4_K a third more, Q5_K and Q6_K up to
+  // twice), other bits, and no 8-bit activations.
+  bool repack_weights = true;
   // Time the forward passes by phase (Engine::phase_times); off, no clock is read.
   bool phase_times = false;
 };
@@ -68,6 +73,8 @@ class Engine {
   int activation_bits() const { return forward_->eight_bit_activations() ? 8 : 16; }
   // 16 if attention runs on bf16 operands (EngineOptions::attention_bits), else 32.
   int attention_bits() const { return forward_->bf16_attention() ? 16 : 32; }
+  // Whether the weights were repacked for the packed kernels (EngineOptions::repack_weights).
+  bool repacked() const { return forward_->repacked(); }
   // Names the model, shard layout and KV format: the root of block names (kvstore/block_hash.h).
   const std::string& cache_salt() const { return cache_salt_; }
 

@@ -34,7 +34,8 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
 
 LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                            const model::TpShard& shard, comm::Communicator* comm,
-                           const PipelinePlace& place, int64_t max_batch, kernels::ActBits act_bits)
+                           const PipelinePlace& place, int64_t max_batch, kernels::ActBits act_bits,
+                           bool repack)
     : model_(model),
       pool_(pool),
       max_batch_(std::max<int64_t>(1, max_batch)),
@@ -46,7 +47,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
   // (kernels/packed.h): a rank-owned contiguous copy, read from the mapped file once. Otherwise
   // the column slices (O, down) of a TP shard are copied into contiguous rank-owned rows: read
   // in place they would share pages and prefetch streams with the peers' columns.
-  const bool pack = kernels::PackedKernelIsFast();
+  const bool pack = repack && kernels::PackedKernelIsFast();
   for (int64_t l = place.stage.layer_begin; l < place.stage.layer_end; ++l) {
     model::LlamaLayer& L = layers_.emplace_back(model::SliceLayer(model.layer(l), c, shard));
     if (!pack && shard.tp_size > 1) {
@@ -76,6 +77,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
       *w = kernels::PackWeights(*w, dst, &pool, act_bits);
       at += aligned(b);
       eight_bit_ |= w->packed_a8;
+      repacked_ = true;
       // Fully packed: its plain pages are not read again (they would refault if they were).
       // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
       if (w->packed_rows == w->rows &&

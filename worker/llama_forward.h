@@ -63,9 +63,12 @@ class LlamaForward {
   // A rank of stage `place.stage` of a pipeline (and of a TP group within the stage). Stages
   // pass hidden states [tokens, n_embd] forward with Send/Recv, one micro-batch at a time.
   // act_bits: the activations' width in the packed products (kernels/packed.h ActBits).
+  // repack: whether the matrices are repacked for the packed kernels where the ISA has them
+  // (false: the file's row-major blocks, no extra bytes; the products' bits differ).
   LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& pool,
                const model::TpShard& shard, comm::Communicator* comm, const PipelinePlace& place,
-               int64_t max_batch = 512, kernels::ActBits act_bits = kernels::ActBits::k16);
+               int64_t max_batch = 512, kernels::ActBits act_bits = kernels::ActBits::k16,
+               bool repack = true);
   // Layers this rank runs (the arena passed to Forward must have this many).
   int64_t n_layers() const { return place_.stage.layer_end - place_.stage.layer_begin; }
 
@@ -74,6 +77,8 @@ class LlamaForward {
   const model::TpShard& shard() const { return shard_; }
   // Whether any product runs against 8-bit activations (asked for, and this ISA packs).
   bool eight_bit_activations() const { return eight_bit_; }
+  // Whether any matrix was repacked (and so runs the packed kernels).
+  bool repacked() const { return repacked_; }
   // Time inside this rank's TP collectives since construction.
   const CommStats& comm_stats() const { return comm_stats_; }
   // Wall time of Forward by phase since construction, counted while enabled.
@@ -111,6 +116,7 @@ class LlamaForward {
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
   bool eight_bit_ = false;
+  bool repacked_ = false;
   bool bf16_attention_ = false;
   model::TpShard shard_;
   comm::Communicator* comm_ = nullptr;  // null: one rank

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/packed.h"
 #include "tests/util/gguf_builder.h"
 #include "tests/util/test_paths.h"
 
@@ -137,6 +138,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "--activation-bits must be 8 or 16, not 12");
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");
+  ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "repack_weights: 2\n")},
+                     "'repack_weights' must be true or false");
   ExpectOneLineError(
       {"serve", "--config", WriteTemp("c8.yaml", "port: " + std::string(2000, '[') + "\n")},
       "nested too deeply");
@@ -251,6 +254,14 @@ TEST(Cli, RealModelCommands) {
   EXPECT_TRUE(j.at("isa") == "amx" || j.at("isa") == "avx512" || j.at("isa") == "avx2" ||
               j.at("isa") == "scalar");
   EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
+  EXPECT_EQ(j.at("repacked").get<bool>(), kernels::PackedKernelIsFast());
+  // --no-repack: the file's row-major weights; the same greedy answer on the real model.
+  const Result rows =
+      Kvmesh({"run", "--model", model, "--chat", "--prompt", "What is the capital of France?",
+              "--temperature", "0", "--no-repack", "--json"});
+  ASSERT_EQ(rows.code, 0) << rows.err;
+  EXPECT_FALSE(nlohmann::json::parse(rows.out).at("repacked").get<bool>());
+  EXPECT_EQ(nlohmann::json::parse(rows.out).at("text"), "The capital of France is Paris.");
   const Result again = Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
                                "--temperature", "0.7", "--seed", "3", "--json"});
   ASSERT_EQ(again.code, 0) << again.err;

@@ -265,6 +265,31 @@ TEST_F(RealModel, Bf16AttentionStaysNearBothReferences) {
       << "not the fp32 numerics under another name";
 }
 
+// --no-repack (EngineOptions::repack_weights = false): the file's row-major blocks and their
+// dots, other bits than the packed kernels' but as near both references, the exact reference's
+// greedy tokens (up to near-ties), and block names of their own.
+TEST_F(RealModel, RowMajorWeightsStayNearBothReferences) {
+  if (!kernels::PackedKernelIsFast()) GTEST_SKIP() << "this ISA packs nothing either way";
+  EngineOptions o;
+  o.model_path = testing::RealModelPath();
+  o.repack_weights = false;
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_FALSE((*e)->repacked());
+  ASSERT_TRUE(engine_->repacked());
+  EXPECT_NE((*e)->cache_salt(), engine_->cache_salt());
+  EXPECT_NE((*e)->cache_salt().find(";products=row-major"), std::string::npos);
+  serving::ServingEngine se(**e, {});
+  ExpectNearBothReferences(se, "row-major weights", 16);
+  // Not the packed numerics under another name.
+  const std::vector<int32_t> ids = {1, 504, 3458, 282, 4649, 314, 30};
+  auto a = se.LastLogits(ids);
+  auto b = serving_->LastLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float)));
+  EXPECT_LT(RelL2(a->data(), b->data(), a->size()), 1e-3);
+}
+
 TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
   const auto& m = engine_->model();
   const auto& c = m.config();
