@@ -4,11 +4,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <tuple>
 
+#include "kernels/fp16.h"
 #include "kernels/packed.h"
 #include "serving/serving_engine.h"
+#include "tests/util/gguf_builder.h"
 #include "tests/util/test_paths.h"
 #include "worker/engine.h"
 
@@ -288,6 +294,111 @@ TEST_F(RealModel, RowMajorWeightsStayNearBothReferences) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(0, std::memcmp(a->data(), b->data(), a->size() * sizeof(float)));
   EXPECT_LT(RelL2(a->data(), b->data(), a->size()), 1e-3);
+}
+
+// A tiny Llama (2 layers, 256 wide, 4 query and 2 KV heads, 256 tokens) whose matrices are
+// random K-quant blocks with sane scales, `main` for Q, K, O, gate and up and `wide` for V and
+// down, as Q4_K_M and Q5_K_M files mix them; F32 embeddings and norms. Written to a file.
+std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std::string& name) {
+  using kernels::DType;
+  constexpr int64_t kEmbd = 256, kFf = 512, kVocab = 256, kLayers = 2;
+  std::mt19937 rng(static_cast<uint32_t>(main) * 31 + static_cast<uint32_t>(wide));
+  auto matrix = [&](DType t, int64_t rows, int64_t cols) {
+    std::string w(static_cast<size_t>(kernels::RowBytes(t, cols) * rows), '\0');
+    for (auto& b : w) b = static_cast<char>(rng());
+    const int64_t bb = kernels::TraitsOf(t).block_bytes;
+    std::uniform_real_distribution<float> scale(2e-4f, 1e-3f);
+    for (size_t at = 0; at < w.size(); at += bb) {
+      auto set = [&](size_t off, float v) {
+        const uint16_t h = kernels::FloatToFp16(v);
+        std::memcpy(&w[at + off], &h, 2);
+      };
+      if (t == DType::kQ6_K) {
+        set(208, scale(rng));
+      } else {  // Q4_K, Q5_K: d, dmin
+        set(0, scale(rng));
+        set(2, scale(rng));
+      }
+    }
+    return w;
+  };
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> embd(kVocab * kEmbd), ones(kEmbd, 1.0f);
+  for (float& x : embd) x = normal(rng);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < kVocab; ++i) tokens.push_back("t" + std::to_string(i));
+  testing::GgufBuilder b;
+  b.Str("general.architecture", "llama")
+      .Str("general.name", "tiny-" + name)
+      .U32("llama.block_count", kLayers)
+      .U32("llama.embedding_length", kEmbd)
+      .U32("llama.feed_forward_length", kFf)
+      .U32("llama.attention.head_count", 4)
+      .U32("llama.attention.head_count_kv", 2)
+      .U32("llama.context_length", 256)
+      .F32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+      .Str("tokenizer.ggml.model", "gpt2")
+      .StrArray("tokenizer.ggml.tokens", tokens)
+      .StrArray("tokenizer.ggml.merges", {"t 1"})
+      .Tensor("token_embd.weight", {kEmbd, kVocab}, 0, testing::FloatBytes(embd))
+      .Tensor("output_norm.weight", {kEmbd}, 0, testing::FloatBytes(ones));
+  const auto id = [](DType t) { return static_cast<uint32_t>(t); };
+  for (int64_t l = 0; l < kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    b.Tensor(p + "attn_norm.weight", {kEmbd}, 0, testing::FloatBytes(ones))
+        .Tensor(p + "ffn_norm.weight", {kEmbd}, 0, testing::FloatBytes(ones))
+        .Tensor(p + "attn_q.weight", {kEmbd, kEmbd}, id(main), matrix(main, kEmbd, kEmbd))
+        .Tensor(p + "attn_k.weight", {kEmbd, 128}, id(main), matrix(main, 128, kEmbd))
+        .Tensor(p + "attn_v.weight", {kEmbd, 128}, id(wide), matrix(wide, 128, kEmbd))
+        .Tensor(p + "attn_output.weight", {kEmbd, kEmbd}, id(main), matrix(main, kEmbd, kEmbd))
+        .Tensor(p + "ffn_gate.weight", {kEmbd, kFf}, id(main), matrix(main, kFf, kEmbd))
+        .Tensor(p + "ffn_up.weight", {kEmbd, kFf}, id(main), matrix(main, kFf, kEmbd))
+        .Tensor(p + "ffn_down.weight", {kFf, kEmbd}, id(wide), matrix(wide, kEmbd, kFf));
+  }
+  const std::string path = ::testing::TempDir() + "/tiny_" + name + ".gguf";
+  std::ofstream(path, std::ios::binary) << b.Build();
+  return path;
+}
+
+// K-quant files end to end: the packed kernels (kernels/packed.h) give the logits of the file's
+// row-major blocks (--no-repack) within rounding, for a prompt and for each step of a greedy
+// decode, and the same greedy tokens.
+TEST(KQuantModel, RepackedMatchesRowMajorEndToEnd) {
+  if (!kernels::PackedKernelIsFast()) GTEST_SKIP() << "this ISA packs nothing";
+  using kernels::DType;
+  for (const auto& [main, wide, name] : {std::tuple{DType::kQ4_K, DType::kQ6_K, "q4_k_m"},
+                                         std::tuple{DType::kQ5_K, DType::kQ6_K, "q5_k_m"}}) {
+    SCOPED_TRACE(name);
+    const std::string path = TinyKQuantModel(main, wide, name);
+    std::unique_ptr<Engine> engines[2];
+    for (const bool repack : {true, false}) {
+      EngineOptions o;
+      o.model_path = path;
+      o.kv_cache_bytes = 16 << 20;
+      o.repack_weights = repack;
+      auto e = Engine::Create(o);
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_EQ((*e)->repacked(), repack);
+      engines[repack] = std::move(*e);
+    }
+    serving::ServingEngine packed(*engines[1], {}), rows(*engines[0], {});
+    std::vector<int32_t> ids = {3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50};
+    auto a = packed.LastLogits(ids);
+    auto b = rows.LastLogits(ids);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_LT(RelL2(a->data(), b->data(), a->size()), 1e-3);
+    EXPECT_GT(RelL2(a->data(), b->data(), a->size()), 0.0) << "the same kernels under two names";
+    serving::Request req;
+    req.prompt = ids;
+    req.max_tokens = 12;
+    req.sampling.temperature = 0;
+    req.ignore_eos = true;
+    auto ga = packed.Generate(req);
+    auto gb = rows.Generate(req);
+    ASSERT_TRUE(ga.ok() && gb.ok());
+    EXPECT_EQ(ga->tokens, gb->tokens);
+    std::remove(path.c_str());
+  }
 }
 
 TEST_F(RealModel, IncrementalDecodeAndMicroBatchesMatchOneBatch) {
