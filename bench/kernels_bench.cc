@@ -100,7 +100,7 @@ BENCHMARK(BM_MatMulQ4_1)
 BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}})->UseRealTime();
 // K-quants at a 7B model's 4096 x 4096, as in Q4_K_M and Q5_K_M files: row-major (0) and packed
 // (1: Q4_K's sub-blocks as Q4_1, Q5_K's as Q8_0 with minimums, Q6_K's blocks as Q8_0, with fp32
-// scales; kernels/packed.h). Q5_K's row-major dot is plain C++ (it runs only past the groups).
+// scales; kernels/packed.h).
 void BM_MatMulQ4_K(benchmark::State& st) { BM_MatMul<DType::kQ4_K>(st); }
 void BM_MatMulQ5_K(benchmark::State& st) { BM_MatMul<DType::kQ5_K>(st); }
 void BM_MatMulQ6_K(benchmark::State& st) { BM_MatMul<DType::kQ6_K>(st); }

@@ -52,7 +52,7 @@ struct Primitives {
   // K-quant super-blocks (256 elements = 8 activation blocks); nb still counts 32-element
   // activation blocks (a multiple of 8).
   float (*q4_k_a16)(const BlockQ4_K* x, const BlockA16* y, int64_t nb);
-  float (*q5_k_a16)(const BlockQ5_K* x, const BlockA16* y, int64_t nb);  // plain C++ everywhere
+  float (*q5_k_a16)(const BlockQ5_K* x, const BlockA16* y, int64_t nb);
   float (*q6_k_a16)(const BlockQ6_K* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -83,13 +84,20 @@ KVMESH_AVX2 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) 
 
 // Q4_K: per 64 elements, 32 bytes of nibbles: the low nibbles are one activation block, the
 // high nibbles the next, each with its own 6-bit scale and min (as the AVX-512 dot, in 8-lane
-// halves).
-KVMESH_AVX2 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+// halves). Q5_K: the same with a fifth bit per value, bit j of qh[l] for sub-block j.
+template <typename Block>
+KVMESH_AVX2 float DotK4A16(const Block* x, const BlockA16* y, int64_t nb) {
+  constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
   __m256 acc = _mm256_setzero_ps();
   float mins = 0.0f;
   const __m128i mask = _mm_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb / 8; ++i) {
     const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+    __m128i qh0 = _mm_setzero_si128(), qh1 = _mm_setzero_si128();
+    if constexpr (kFifth) {
+      qh0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qh));
+      qh1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].qh + 16));
+    }
     for (int c = 0; c < 4; ++c) {
       const uint8_t* qs = x[i].qs + 32 * c;
       const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -99,10 +107,13 @@ KVMESH_AVX2 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) 
         const BlockA16& a = y[i * 8 + j];
         uint8_t sc, mn;
         UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
-        const __m128i w0 =
-            half ? _mm_and_si128(_mm_srli_epi16(q0, 4), mask) : _mm_and_si128(q0, mask);
-        const __m128i w1 =
-            half ? _mm_and_si128(_mm_srli_epi16(q1, 4), mask) : _mm_and_si128(q1, mask);
+        __m128i w0 = half ? _mm_and_si128(_mm_srli_epi16(q0, 4), mask) : _mm_and_si128(q0, mask);
+        __m128i w1 = half ? _mm_and_si128(_mm_srli_epi16(q1, 4), mask) : _mm_and_si128(q1, mask);
+        if constexpr (kFifth) {  // bit j of each byte, moved to bit 4 of its byte
+          const __m128i one = _mm_set1_epi8(1);
+          w0 = _mm_or_si128(w0, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh0, j), one), 4));
+          w1 = _mm_or_si128(w1, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh1, j), one), 4));
+        }
         const __m256i s = Madd32(_mm256_cvtepu8_epi16(w0), _mm256_cvtepu8_epi16(w1), a.qs);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc * a.d), _mm256_cvtepi32_ps(s), acc);
         mins += dmin * mn * a.d * static_cast<float>(a.sum);
@@ -1004,8 +1015,8 @@ const Primitives& Avx2Primitives() {
       .q4_0_a16 = DotQ4_0A16,
       .q4_1_a16 = DotQ4_1A16,
       .q8_0_a16 = DotQ8_0A16,
-      .q4_k_a16 = DotQ4_KA16,
-      .q5_k_a16 = ScalarPrimitives().q5_k_a16,  // rows past the packed groups only
+      .q4_k_a16 = DotK4A16<BlockQ4_K>,
+      .q5_k_a16 = DotK4A16<BlockQ5_K>,
       .q6_k_a16 = DotQ6_KA16,
       .f32_f32 = DotF32F32,
       .packed_tile =

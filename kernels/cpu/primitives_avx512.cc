@@ -81,13 +81,18 @@ KVMESH_AVX512 float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb
 }
 
 // Q4_K: per 64 elements, 32 bytes of nibbles: the low nibbles are one activation block, the
-// high nibbles the next; each with its own 6-bit scale and min.
-KVMESH_AVX512 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+// high nibbles the next; each with its own 6-bit scale and min. Q5_K: the same with a fifth
+// bit per value, bit j of qh[l] for sub-block j.
+template <typename Block>
+KVMESH_AVX512 float DotK4A16(const Block* x, const BlockA16* y, int64_t nb) {
+  constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
   __m512 acc = _mm512_setzero_ps();
   float mins = 0.0f;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb / 8; ++i) {
     const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifth) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
     for (int c = 0; c < 4; ++c) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
       const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(q, mask));
@@ -97,8 +102,12 @@ KVMESH_AVX512 float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb
         const BlockA16& a = y[i * 8 + j];
         uint8_t sc, mn;
         UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
-        const __m512i s =
-            _mm512_dpwssd_epi32(_mm512_setzero_si512(), half ? hi : lo, _mm512_loadu_si512(a.qs));
+        __m512i w = half ? hi : lo;
+        if constexpr (kFifth) {
+          const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+          w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_cvtepu8_epi16(bit), 4));
+        }
+        const __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(a.qs));
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d * sc * a.d), _mm512_cvtepi32_ps(s), acc);
         mins += dmin * mn * a.d * static_cast<float>(a.sum);
       }
@@ -1055,7 +1064,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_a16 = DotQ4_0A16;
     d.q4_1_a16 = DotQ4_1A16;
     d.q8_0_a16 = DotQ8_0A16;
-    d.q4_k_a16 = DotQ4_KA16;
+    d.q4_k_a16 = DotK4A16<BlockQ4_K>;
+    d.q5_k_a16 = DotK4A16<BlockQ5_K>;
     d.q6_k_a16 = DotQ6_KA16;
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
