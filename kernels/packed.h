@@ -10,13 +10,13 @@
 //
 // Layout of a matrix's first rows / 16 * 16 rows: groups of 16 rows one after another; each
 // group is its nb = cols / 32 blocks one after another; a group-block is
-//   uint16_t d[16]          fp16 scales of the 16 rows
+//   uint16_t d[16]          fp16 scales of the 16 rows (the K-quants: fp32, below)
 //   uint16_t m[16]          fp16 minimums (Q4_1 only)
 //   quants                  Q4_0/Q4_1/Q4_K: 8 chunks of 32 bytes; byte i of chunk p holds row
 //                           i / 2's element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in
-//                           its high one. Q8_0: 16 chunks of 32 bytes; byte i of chunk k is row
-//                           i / 2's element 2k + i % 2.
-// so a group-block is exactly 16 of the type's blocks in size.
+//                           its high one. Q8_0/Q5_K/Q6_K: 16 chunks of 32 bytes; byte i of chunk
+//                           k is row i / 2's element 2k + i % 2.
+// so a Q4_0, Q4_1 or Q8_0 group-block is exactly 16 of the type's blocks in size.
 //
 // Q4_K packs as Q4_1 does, one 32-element sub-block per group-block: a sub-block's values are
 // d * sc * q - dmin * m (q its nibbles, sc and m its six-bit scale and minimum, d and dmin its
