@@ -37,6 +37,13 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
       blk[i].d = FloatToFp16(0.001f);
       blk[i].dmin = FloatToFp16(0.002f);
     }
+  } else if (t == DType::kQ5_0 || t == DType::kQ5_1) {  // d (and Q5_1's m) lead the block
+    const int64_t bb = TraitsOf(t).block_bytes;
+    for (size_t i = 0; i < w.size(); i += bb) {
+      const uint16_t d = FloatToFp16(0.01f), m = FloatToFp16(-0.16f);
+      std::memcpy(&w[i], &d, 2);
+      if (t == DType::kQ5_1) std::memcpy(&w[i + 2], &m, 2);
+    }
   } else if (t == DType::kQ5_K) {
     auto* blk = reinterpret_cast<BlockQ5_K*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ5_K); ++i) {
@@ -102,6 +109,12 @@ BENCHMARK(BM_MatMulQ8_0)->ArgsProduct({{49152}, {576}, {1, 16}, {1, 2}, {1}, {1}
 // (1: Q4_K's sub-blocks as Q4_1, Q5_K's as Q8_0 with minimums, Q6_K's blocks as Q8_0, with fp32
 // scales; kernels/packed.h).
 void BM_MatMulQ4_K(benchmark::State& st) { BM_MatMul<DType::kQ4_K>(st); }
+// Q5_0 / Q5_1: what those files hold where rows are not a multiple of 256 (row-major dots in
+// plain C++; packed as Q8_0's bytes).
+void BM_MatMulQ5_0(benchmark::State& st) { BM_MatMul<DType::kQ5_0>(st); }
+void BM_MatMulQ5_1(benchmark::State& st) { BM_MatMul<DType::kQ5_1>(st); }
+BENCHMARK(BM_MatMulQ5_0)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMulQ5_1)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
 void BM_MatMulQ5_K(benchmark::State& st) { BM_MatMul<DType::kQ5_K>(st); }
 void BM_MatMulQ6_K(benchmark::State& st) { BM_MatMul<DType::kQ6_K>(st); }
 // 32 copies (0.4-0.7 GB, past the L3): one token streaming its weights from memory, where the

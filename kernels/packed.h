@@ -14,7 +14,7 @@
 //   uint16_t m[16]          fp16 minimums (Q4_1 only)
 //   quants                  Q4_0/Q4_1/Q4_K: 8 chunks of 32 bytes; byte i of chunk p holds row
 //                           i / 2's element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in
-//                           its high one. Q8_0/Q5_K/Q6_K: 16 chunks of 32 bytes; byte i of chunk
+//                           its high one. Q8_0/Q5_*/Q6_K: 16 chunks of 32 bytes; byte i of chunk
 //                           k is row i / 2's element 2k + i % 2.
 // so a Q4_0, Q4_1 or Q8_0 group-block is exactly 16 of the type's blocks in size.
 //
@@ -52,7 +52,7 @@ namespace kvmesh::kernels {
 
 inline constexpr int64_t kPackRows = 16;
 
-// Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K have a packed form.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have a packed form.
 bool PackableType(DType t);
 
 // The width of the activations the packed products of a model run against. 16 (the default)
@@ -69,15 +69,19 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
 // Whether a packed type stores its scales as fp32 (the K-quants), adds minimums (Q4_1, Q4_K,
 // Q5_K), scales each 16-element half of a block on its own (Q6_K), and has int8 quants (Q8_0,
 // Q5_K, Q6_K; the others: nibbles).
+// Q5_0 / Q5_1 pack as Q8_0 does, their values (Q5_0: q - 16; Q5_1: q, 0..31) as int8 quants,
+// with their fp16 scales (and Q5_1's fp16 minimums) where Q8_0 / Q4_1 keep theirs: 544 / 576
+// bytes a group-block, 8.5 / 9 bits a weight against the file's 5.5 / 6.
 constexpr bool PackedScalesF32(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 constexpr bool PackedHasMins(DType t) {
-  return t == DType::kQ4_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+  return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
 }
 constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K; }
 constexpr bool PackedBytesQuants(DType t) {
-  return t == DType::kQ8_0 || t == DType::kQ5_K || t == DType::kQ6_K;
+  return t == DType::kQ8_0 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kQ5_K ||
+         t == DType::kQ6_K;
 }
 
 // Bytes of a packed group-block's scales, before its quants: 16 of each scale (and minimum).

@@ -16,6 +16,8 @@ enum class DType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -44,6 +46,19 @@ struct BlockQ4_0 {
 };
 struct BlockQ4_1 {
   uint16_t d, m;  // fp16 scale and minimum: x = d * q + m
+  uint8_t qs[kQK / 2];
+};
+// Q5_0 / Q5_1: Q4_0 / Q4_1's nibbles with a fifth bit per element, bit e of qh for element e;
+// x = d * (q - 16) (Q5_0) or d * q + m (Q5_1). What llama.cpp's K-quant files use for matrices
+// whose rows are not a multiple of 256 (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
   uint8_t qs[kQK / 2];
 };
 struct BlockQ8_0 {
@@ -86,6 +101,8 @@ struct BlockA8 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockA16) == 76);
 static_assert(sizeof(BlockA8) == 44);
@@ -104,6 +121,13 @@ inline void UnpackScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) 
     *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
+}
+
+// Element e (0..31) of a Q5_0 / Q5_1 block without its offset: the nibble (e < 16: the low one
+// of qs[e], else the high one of qs[e - 16]) and bit e of qh as its fifth bit.
+inline int Q5Value(const uint8_t* qs, uint32_t qh, int e) {
+  const int nibble = e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
+  return nibble | static_cast<int>(qh >> e & 1) << 4;
 }
 
 // Bytes of a row of n elements of type t; n must be a multiple of the block size.

@@ -15,8 +15,8 @@ namespace {
 constexpr int64_t kRowTile = kPackRows;
 
 bool IsIntegerPath(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
-         t == DType::kQ5_K || t == DType::kQ6_K;
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
 // The tokens' activations, quantised once per product input: 16-bit blocks for the integer
@@ -145,6 +145,10 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
       return QuantTile<BlockQ4_1>(a, r0, r1, xq, d.q4_1_a16, d.q4_1_tile);
     case DType::kQ4_0:
       return QuantTile<BlockQ4_0>(a, r0, r1, xq, d.q4_0_a16, d.q4_0_tile);
+    case DType::kQ5_0:
+      return QuantTile<BlockQ5_0>(a, r0, r1, xq, d.q5_0_a16, nullptr);
+    case DType::kQ5_1:
+      return QuantTile<BlockQ5_1>(a, r0, r1, xq, d.q5_1_a16, nullptr);
     case DType::kQ8_0:
       return QuantTile<BlockQ8_0>(a, r0, r1, xq, d.q8_0_a16, d.q8_0_tile);
     case DType::kQ4_K:

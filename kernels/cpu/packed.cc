@@ -1,5 +1,5 @@
-// Packing of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows into 16-row groups (kernels/packed.h) and
-// the reference product over a packed group.
+// Packing of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows into 16-row groups
+// (kernels/packed.h) and the reference product over a packed group.
 #include "kernels/packed.h"
 
 #include <cmath>
@@ -78,6 +78,16 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       }
       std::memcpy(dst + 4 * r, &d, 4);
       std::memcpy(dst + 64 + 4 * r, &m, 4);
+    } else if (t == DType::kQ5_0 || t == DType::kQ5_1) {  // as Q8_0's bytes, fp16 scales kept
+      const uint8_t* x = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
+      const bool q5_1 = t == DType::kQ5_1;
+      std::memcpy(dst + 2 * r, x, 2);                     // d
+      if (q5_1) std::memcpy(dst + 32 + 2 * r, x + 2, 2);  // m
+      uint32_t qh;
+      std::memcpy(&qh, x + (q5_1 ? 4 : 2), 4);
+      for (int e = 0; e < kQK; ++e) {
+        k_block[2 + e] = static_cast<uint8_t>(Q5Value(x + (q5_1 ? 8 : 6), qh, e) - (q5_1 ? 0 : 16));
+      }
     } else {
       blk = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
       std::memcpy(dst + 2 * r, blk, 2);                                  // d
@@ -123,8 +133,8 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
 }  // namespace
 
 bool PackableType(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kQ4_K ||
-         t == DType::kQ5_K || t == DType::kQ6_K;
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }

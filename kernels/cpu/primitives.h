@@ -54,6 +54,10 @@ struct Primitives {
   float (*q4_k_a16)(const BlockQ4_K* x, const BlockA16* y, int64_t nb);
   float (*q5_k_a16)(const BlockQ5_K* x, const BlockA16* y, int64_t nb);
   float (*q6_k_a16)(const BlockQ6_K* x, const BlockA16* y, int64_t nb);
+  // Q5_0 / Q5_1 (the rows past the packed groups of llama.cpp's fallback matrices): plain C++
+  // on every ISA.
+  float (*q5_0_a16)(const BlockQ5_0* x, const BlockA16* y, int64_t nb);
+  float (*q5_1_a16)(const BlockQ5_1* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
   // (w + r * w_stride bytes) and 4 tokens (a + t * a_stride blocks). Null where the ISA has
@@ -212,25 +216,37 @@ void PackedTileA8Reference(DType type, const uint8_t* group, int64_t nb, const B
                            int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                            const uint8_t* next_group = nullptr);
 
-// A PackedTile (Block = BlockA16) or PackedTileA8 (BlockA8) entry from one kernel per packed
-// type; a null kernel, or any other type, runs the reference.
+// A PackedTile (Block = BlockA16) or PackedTileA8 (BlockA8) entry from an ISA's kernel for each
+// packed type (KernelFor; null for a type it has none for, which runs the reference).
 template <typename Block>
 using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const Block* a, int64_t a_stride,
                                 int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
-template <typename Block, PackedTypeTile<Block> Q4_0, PackedTypeTile<Block> Q4_1,
-          PackedTypeTile<Block> Q8_0 = nullptr, PackedTypeTile<Block> Q4_K = nullptr,
-          PackedTypeTile<Block> Q5_K = nullptr, PackedTypeTile<Block> Q6_K = nullptr>
+// An ISA's kernel (a pointer of type Fn) for one of the types Ts (K<T>::kFn, the kernel template
+// instantiated at T), null for any other type.
+template <typename Fn, template <DType> class K, DType... Ts>
+Fn KernelFor(DType t) {
+  Fn k = nullptr;
+  ((t == Ts ? (k = K<Ts>::kFn, true) : false) || ...);
+  return k;
+}
+// The kernels of every packed type (16-bit activations), and of those packed for 8-bit ones.
+template <template <DType> class K>
+PackedTypeTile<BlockA16> PackedKernels16(DType t) {
+  return KernelFor<PackedTypeTile<BlockA16>, K, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                   DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K>(t);
+}
+template <template <DType> class K>
+PackedTypeTile<BlockA8> PackedKernels8(DType t) {
+  return KernelFor<PackedTypeTile<BlockA8>, K, DType::kQ4_0, DType::kQ4_1>(t);
+}
+
+template <typename Block, PackedTypeTile<Block> (*KernelFor)(DType)>
 void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block* a,
                        int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                        const uint8_t* next_group) {
-  const PackedTypeTile<Block> k = type == DType::kQ4_0   ? Q4_0
-                                  : type == DType::kQ4_1 ? Q4_1
-                                  : type == DType::kQ8_0 ? Q8_0
-                                  : type == DType::kQ4_K ? Q4_K
-                                  : type == DType::kQ5_K ? Q5_K
-                                  : type == DType::kQ6_K ? Q6_K
-                                                         : nullptr;
-  if (k != nullptr) return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
+  if (const PackedTypeTile<Block> k = KernelFor(type)) {
+    return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
+  }
   if constexpr (std::is_same_v<Block, BlockA8>) {
     PackedTileA8Reference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   } else {

@@ -271,31 +271,22 @@ void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uin
   }
 }
 
+using SplitFn = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,
+                         const uint8_t* a_split, const BlockA16Head* heads, int64_t a_stride,
+                         int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
+template <DType T>
+struct AmxSplit {
+  static constexpr SplitFn kFn = AmxTileSplit<T>;
+};
+
 void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
                         const uint8_t* a_split, const BlockA16Head* heads, int64_t a_stride,
                         int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
-  switch (type) {
-    case DType::kQ4_0:
-      return AmxTileSplit<DType::kQ4_0>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
-                                        next_group);
-    case DType::kQ4_1:
-      return AmxTileSplit<DType::kQ4_1>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
-                                        next_group);
-    case DType::kQ8_0:
-      return AmxTileSplit<DType::kQ8_0>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
-                                        next_group);
-    case DType::kQ4_K:
-      return AmxTileSplit<DType::kQ4_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
-                                        next_group);
-    case DType::kQ5_K:
-      return AmxTileSplit<DType::kQ5_K>(group, nb, a, a_split, heads, a_stride, tokens, out, ldo,
-                                        next_group);
-    case DType::kQ6_K:  // two scales a block: the AVX-512 kernel, not tiles (K = 32 a product)
-      return Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo,
-                                            next_group);
-    default:
-      return PackedTileReference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
-  }
+  // Q6_K (two scales a block) keeps the AVX-512 kernel: the tiles multiply 32 elements at once.
+  const SplitFn k = KernelFor<SplitFn, AmxSplit, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                              DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K>(type);
+  if (k != nullptr) return k(group, nb, a, a_split, heads, a_stride, tokens, out, ldo, next_group);
+  Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
 }
 
 }  // namespace

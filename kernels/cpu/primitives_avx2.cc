@@ -1008,6 +1008,16 @@ KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* 
   }
 }
 
+// This ISA's packed kernels by type, for PackedKernels16 / PackedKernels8.
+template <DType T>
+struct Packed16 {
+  static constexpr PackedTypeTile<BlockA16> kFn = PackedTileOf<T>;
+};
+template <DType T>
+struct Packed8 {
+  static constexpr PackedTypeTile<BlockA8> kFn = PackedA8TileOf<T>;
+};
+
 }  // namespace
 
 const Primitives& Avx2Primitives() {
@@ -1018,13 +1028,11 @@ const Primitives& Avx2Primitives() {
       .q4_k_a16 = DotK4A16<BlockQ4_K>,
       .q5_k_a16 = DotK4A16<BlockQ5_K>,
       .q6_k_a16 = DotQ6_KA16,
+      .q5_0_a16 = ScalarPrimitives().q5_0_a16,
+      .q5_1_a16 = ScalarPrimitives().q5_1_a16,
       .f32_f32 = DotF32F32,
-      .packed_tile =
-          PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                            PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>,
-                            PackedTileOf<DType::kQ5_K>, PackedTileOf<DType::kQ6_K>>,
-      .packed_tile_a8 =
-          PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>,
+      .packed_tile = PackedTileOfTypes<BlockA16, PackedKernels16<Packed16>>,
+      .packed_tile_a8 = PackedTileOfTypes<BlockA8, PackedKernels8<Packed8>>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,
       .quantize_a8 = QuantizeTo<BlockA8, 127>,
       .exp_shifted = ExpShifted,

@@ -1056,6 +1056,16 @@ bool HardwareBf16MatchesReference() {
   return std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0 &&
          std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)) == 0;
 }
+// This ISA's packed kernels by type, for PackedKernels16 / PackedKernels8.
+template <DType T>
+struct Packed16 {
+  static constexpr PackedTypeTile<BlockA16> kFn = PackedTileOf<T>;
+};
+template <DType T>
+struct Packed8 {
+  static constexpr PackedTypeTile<BlockA8> kFn = PackedA8TileOf<T>;
+};
+
 }  // namespace
 
 const Primitives& Avx512Primitives() {
@@ -1070,12 +1080,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile =
-        PackedTileOfTypes<BlockA16, PackedTileOf<DType::kQ4_0>, PackedTileOf<DType::kQ4_1>,
-                          PackedTileOf<DType::kQ8_0>, PackedTileOf<DType::kQ4_K>,
-                          PackedTileOf<DType::kQ5_K>, PackedTileOf<DType::kQ6_K>>;
-    d.packed_tile_a8 =
-        PackedTileOfTypes<BlockA8, PackedA8TileOf<DType::kQ4_0>, PackedA8TileOf<DType::kQ4_1>>;
+    d.packed_tile = PackedTileOfTypes<BlockA16, PackedKernels16<Packed16>>;
+    d.packed_tile_a8 = PackedTileOfTypes<BlockA8, PackedKernels8<Packed8>>;
     d.qk_t = QkT;
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;

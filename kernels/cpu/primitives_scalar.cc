@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -35,6 +37,32 @@ float DotQ4_1A16(const BlockQ4_1* x, const BlockA16* y, int64_t nb) {
     // sum_j (d_x q_j + m_x) * d_y a_j = d_x d_y sum(q a) + m_x d_y sum(a).
     sum += y[i].d * (Fp16ToFloat(x[i].d) * static_cast<float>(s) +
                      Fp16ToFloat(x[i].m) * static_cast<float>(y[i].sum));
+  }
+  return sum;
+}
+
+// Q5_0 / Q5_1: Q4_0 / Q4_1's steps over 5-bit values (Q5_0's offset is 16).
+template <typename Block>
+float DotQ5A16(const Block* x, const BlockA16* y, int64_t nb) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint32_t qh;
+    std::memcpy(&qh, x[i].qh, 4);
+    // The values first, in two loops without branches (the compiler vectorises both).
+    int16_t v[kQK];
+    for (int e = 0; e < kQK / 2; ++e) {
+      v[e] = static_cast<int16_t>((x[i].qs[e] & 0xF) | (qh >> e & 1) << 4);
+      v[e + kQK / 2] = static_cast<int16_t>((x[i].qs[e] >> 4) | (qh >> (e + kQK / 2) & 1) << 4);
+    }
+    int32_t s = 0;
+    for (int e = 0; e < kQK; ++e) s += v[e] * y[i].qs[e];
+    if constexpr (std::is_same_v<Block, BlockQ5_0>) {
+      s -= 16 * y[i].sum;
+      sum += Fp16ToFloat(x[i].d) * y[i].d * static_cast<float>(s);
+    } else {
+      sum += y[i].d * (Fp16ToFloat(x[i].d) * static_cast<float>(s) +
+                       Fp16ToFloat(x[i].m) * static_cast<float>(y[i].sum));
+    }
   }
   return sum;
 }
@@ -286,6 +314,8 @@ const Primitives& ScalarPrimitives() {
                             .q4_k_a16 = DotQ4_KA16,
                             .q5_k_a16 = DotQ5_KA16,
                             .q6_k_a16 = DotQ6_KA16,
+                            .q5_0_a16 = DotQ5A16<BlockQ5_0>,
+                            .q5_1_a16 = DotQ5A16<BlockQ5_1>,
                             .f32_f32 = DotF32F32,
                             .packed_tile = PackedTileReference,
                             .packed_tile_a8 = PackedTileA8Reference,

@@ -21,6 +21,10 @@ std::optional<DTypeTraits> TraitsOf(uint32_t type_id) {
       return DTypeTraits{"Q4_0", kQK, sizeof(BlockQ4_0)};
     case DType::kQ4_1:
       return DTypeTraits{"Q4_1", kQK, sizeof(BlockQ4_1)};
+    case DType::kQ5_0:
+      return DTypeTraits{"Q5_0", kQK, sizeof(BlockQ5_0)};
+    case DType::kQ5_1:
+      return DTypeTraits{"Q5_1", kQK, sizeof(BlockQ5_1)};
     case DType::kQ8_0:
       return DTypeTraits{"Q8_0", kQK, sizeof(BlockQ8_0)};
     case DType::kQ4_K:
@@ -57,6 +61,24 @@ void DequantQ4_1(const BlockQ4_1* b, float* y, int64_t nb) {
     for (int j = 0; j < kQK / 2; ++j) {
       y[i * kQK + j] = (b[i].qs[j] & 0xF) * d + m;
       y[i * kQK + j + kQK / 2] = (b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+// Q5_0 / Q5_1: element e's value, nibble | bit e of qh << 4 (Q5_0: minus 16).
+template <typename Block>
+void DequantQ5(const Block* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = Fp16ToFloat(b[i].d);
+    uint32_t qh;
+    std::memcpy(&qh, b[i].qh, 4);
+    for (int e = 0; e < kQK; ++e) {
+      const int v = Q5Value(b[i].qs, qh, e);
+      if constexpr (std::is_same_v<Block, BlockQ5_0>) {
+        y[i * kQK + e] = (v - 16) * d;
+      } else {
+        y[i * kQK + e] = v * d + Fp16ToFloat(b[i].m);
+      }
     }
   }
 }
@@ -142,6 +164,10 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
       return DequantQ4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
     case DType::kQ4_1:
       return DequantQ4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+    case DType::kQ5_0:
+      return DequantQ5(static_cast<const BlockQ5_0*>(src), dst, n / kQK);
+    case DType::kQ5_1:
+      return DequantQ5(static_cast<const BlockQ5_1*>(src), dst, n / kQK);
     case DType::kQ8_0:
       return DequantQ8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
     case DType::kQ4_K:

@@ -58,10 +58,12 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t
       uint8_t* blk = row + b * tr.block_bytes;
       switch (t) {
         case DType::kQ4_0:
+        case DType::kQ5_0:
         case DType::kQ8_0:
           set_h(blk, sc(rng));
           break;
         case DType::kQ4_1:
+        case DType::kQ5_1:
           set_h(blk, sc(rng));
           set_h(blk + 2, -8 * sc(rng));
           break;
@@ -132,8 +134,8 @@ TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
       {DType::kQ4_1, 37, 96, 9},  {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
       {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
       {DType::kQ6_K, 6, 768, 5},  {DType::kQ4_K, 4, 1024, 1},  {DType::kQ5_K, 9, 512, 3},
-      {DType::kQ5_K, 4, 256, 1},  {DType::kF16, 7, 40, 3},     {DType::kBF16, 11, 24, 2},
-      {DType::kF32, 19, 33, 5},
+      {DType::kQ5_K, 4, 256, 1},  {DType::kQ5_0, 13, 96, 3},   {DType::kQ5_1, 11, 64, 2},
+      {DType::kF16, 7, 40, 3},    {DType::kBF16, 11, 24, 2},   {DType::kF32, 19, 33, 5},
   };
   for (const MatMulCase& c : cases) {
     const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
@@ -217,6 +219,14 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ5_K, 32, 256, 3},
       {DType::kQ5_K, 48, 768, 16},
       {DType::kQ5_K, 16, 256, 29},
+      // Q5_0 / Q5_1 (as Q8_0's bytes with their fp16 scales; Q5_1 with Q4_1's minimums).
+      {DType::kQ5_0, 37, 96, 6},
+      {DType::kQ5_1, 37, 96, 6},
+      {DType::kQ5_0, 32, 64, 3},
+      {DType::kQ5_1, 16, 64, 1},
+      {DType::kQ5_0, 48, 576, 16},
+      {DType::kQ5_1, 48, 576, 16},
+      {DType::kQ5_1, 16, 64, 29},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -285,8 +295,8 @@ void PackedMatMulCases(ActBits bits) {
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
-  for (DType t :
-       {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     // A K-quant slice starts and ends on its 256-element super-blocks.
     const int64_t k = TraitsOf(t).block_elems == kQKK ? 4 : 1;
     const int64_t rows = 40, cols = 256 * k, c0 = 64 * k, c1 = 192 * k;

@@ -297,8 +297,9 @@ TEST_F(RealModel, RowMajorWeightsStayNearBothReferences) {
 }
 
 // A tiny Llama (2 layers, 256 wide, 4 query and 2 KV heads, 256 tokens) whose matrices are
-// random K-quant blocks with sane scales, `main` for Q, K, O, gate and up and `wide` for V and
-// down, as Q4_K_M and Q5_K_M files mix them; F32 embeddings and norms. Written to a file.
+// random quantised blocks with sane scales, `main` for Q, K, O, gate and up and `wide` for V and
+// down, as Q4_K_M and Q5_K_M files mix them (and, where rows are not a multiple of 256, their
+// fallbacks Q5_0, Q5_1 and Q8_0); F32 embeddings and norms. Written to a file.
 std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std::string& name) {
   using kernels::DType;
   constexpr int64_t kEmbd = 256, kFf = 512, kVocab = 256, kLayers = 2;
@@ -315,9 +316,9 @@ std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std:
       };
       if (t == DType::kQ6_K) {
         set(208, scale(rng));
-      } else {  // Q4_K, Q5_K: d, dmin
+      } else {  // d, and Q4_K / Q5_K's dmin or Q5_1's m
         set(0, scale(rng));
-        set(2, scale(rng));
+        if (t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ5_1) set(2, scale(rng));
       }
     }
     return w;
@@ -360,14 +361,18 @@ std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std:
   return path;
 }
 
-// K-quant files end to end: the packed kernels (kernels/packed.h) give the logits of the file's
+// K-quant files (and their fallback types) end to end: the packed kernels (kernels/packed.h) give
+// the logits of the file's
 // row-major blocks (--no-repack) within rounding, for a prompt and for each step of a greedy
 // decode, and the same greedy tokens.
 TEST(KQuantModel, RepackedMatchesRowMajorEndToEnd) {
   if (!kernels::PackedKernelIsFast()) GTEST_SKIP() << "this ISA packs nothing";
   using kernels::DType;
-  for (const auto& [main, wide, name] : {std::tuple{DType::kQ4_K, DType::kQ6_K, "q4_k_m"},
-                                         std::tuple{DType::kQ5_K, DType::kQ6_K, "q5_k_m"}}) {
+  for (const auto& [main, wide, name] :
+       {std::tuple{DType::kQ4_K, DType::kQ6_K, "q4_k_m"},
+        std::tuple{DType::kQ5_K, DType::kQ6_K, "q5_k_m"},
+        std::tuple{DType::kQ5_0, DType::kQ8_0, "q4_k_m_fallbacks"},
+        std::tuple{DType::kQ5_1, DType::kQ8_0, "q5_k_m_fallbacks"}}) {
     SCOPED_TRACE(name);
     const std::string path = TinyKQuantModel(main, wide, name);
     std::unique_ptr<Engine> engines[2];
