@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 namespace kvmesh::kernels {
 
@@ -121,6 +122,16 @@ inline void UnpackScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) 
     *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
+}
+
+// Element l (0..31) of sub-block j (0..7) of a Q4_K or Q5_K super-block, before its scale and
+// minimum: the nibble (sub-blocks 2c and 2c + 1 take the low and high nibbles of bytes
+// 32c .. 32c + 31) and, for Q5_K, bit j of qh[l] as its fifth bit.
+template <typename Block>
+inline int KQuantValue(const Block& x, int j, int l) {
+  int v = x.qs[32 * (j / 2) + l] >> (4 * (j % 2)) & 0xF;
+  if constexpr (std::is_same_v<Block, BlockQ5_K>) v |= (x.qh[l] >> j & 1) << 4;
+  return v;
 }
 
 // Element e (0..31) of a Q5_0 / Q5_1 block without its offset: the nibble (e < 16: the low one

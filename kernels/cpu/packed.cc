@@ -26,11 +26,7 @@ void KSubBlock(const uint8_t* row, int64_t b, uint8_t* v, float* d, float* m) {
   UnpackScaleMinK4(j, x->scales, &sc, &mn);
   *d = Fp16ToFloat(x->d) * static_cast<float>(sc);
   *m = -(Fp16ToFloat(x->dmin) * static_cast<float>(mn));
-  const uint8_t* q = x->qs + 32 * (j / 2);
-  for (int l = 0; l < kQK; ++l) {
-    v[l] = q[l] >> (4 * (j % 2)) & 15;
-    if constexpr (std::is_same_v<Block, BlockQ5_K>) v[l] |= (x->qh[l] >> j & 1) << 4;
-  }
+  for (int l = 0; l < kQK; ++l) v[l] = static_cast<uint8_t>(KQuantValue(*x, j, l));
 }
 
 // Q4_0, Q4_1 and Q8_0 pack into the bytes of their blocks.
@@ -78,20 +74,20 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       }
       std::memcpy(dst + 4 * r, &d, 4);
       std::memcpy(dst + 64 + 4 * r, &m, 4);
-    } else if (t == DType::kQ5_0 || t == DType::kQ5_1) {  // as Q8_0's bytes, fp16 scales kept
-      const uint8_t* x = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
-      const bool q5_1 = t == DType::kQ5_1;
-      std::memcpy(dst + 2 * r, x, 2);                     // d
-      if (q5_1) std::memcpy(dst + 32 + 2 * r, x + 2, 2);  // m
-      uint32_t qh;
-      std::memcpy(&qh, x + (q5_1 ? 4 : 2), 4);
-      for (int e = 0; e < kQK; ++e) {
-        k_block[2 + e] = static_cast<uint8_t>(Q5Value(x + (q5_1 ? 8 : 6), qh, e) - (q5_1 ? 0 : 16));
-      }
-    } else {
+    } else {  // fp16 scales (and Q4_1 / Q5_1's minimums) lead the block: kept as they are
       blk = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
-      std::memcpy(dst + 2 * r, blk, 2);                                  // d
-      if (t == DType::kQ4_1) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+      std::memcpy(dst + 2 * r, blk, 2);                                 // d
+      if (PackedHasMins(t)) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+      if (t == DType::kQ5_0 || t == DType::kQ5_1) {  // the values as Q8_0's bytes
+        const bool q5_1 = t == DType::kQ5_1;
+        uint32_t qh;
+        std::memcpy(&qh, blk + (q5_1 ? 4 : 2), 4);
+        for (int e = 0; e < kQK; ++e) {
+          const int v = Q5Value(blk + (q5_1 ? 8 : 6), qh, e) - (q5_1 ? 0 : 16);
+          k_block[2 + e] = static_cast<uint8_t>(v);
+        }
+        blk = k_block;
+      }
     }
     if (PackedBytesQuants(t)) {
       const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
@@ -180,7 +176,7 @@ namespace cpu {
 
 namespace {
 
-// Row r's scale in a group-block, or (second) its minimum (Q4_1, Q4_K) or second half's scale
+// Row r's scale in a group-block, or (second) its minimum (PackedHasMins) or second half's scale
 // (Q6_K): fp16 at 0 and 32, fp32 at 0 and 64.
 float PackedScale(DType type, const uint8_t* blk, int r, bool second) {
   if (PackedScalesF32(type)) {

@@ -65,11 +65,11 @@ struct Primitives {
   using Tile4x4 = void (*)(const uint8_t* w, size_t w_stride, const BlockA16* a, int64_t a_stride,
                            int64_t nb, float* out, int64_t ldo);
   Tile4x4 q4_0_tile = nullptr, q4_1_tile = nullptr, q8_0_tile = nullptr;
-  // One packed group of 16 rows (kernels/packed.h; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K) against
+  // One packed group of 16 rows (kernels/packed.h; a PackableType) against
   // `tokens` tokens: out[t * ldo + r] for r < 16, token t's nb blocks at a + t * a_stride. Per
   // row and token, in block order: s = the block's exact int32 dot product (Q4_0 weights minus
   // 8), acc = fma(float(s) * a.d, w.d, acc) (Q6_K: for each 16-element half, its sum and scale),
-  // and for Q4_1, Q4_K and Q5_K mins = fma(w.m, a.dsum, mins);
+  // and for the types with minimums (PackedHasMins) mins = fma(w.m, a.dsum, mins);
   // the result is acc + mins. Every table's entry gives the same bits. next_group: the group
   // the caller takes next, whose bytes a kernel may ask for while it computes (null: none).
   using PackedTile = void (*)(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,

@@ -48,7 +48,7 @@ float DotQ5A16(const Block* x, const BlockA16* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t qh;
     std::memcpy(&qh, x[i].qh, 4);
-    // The values first, in two loops without branches (the compiler vectorises both).
+    // Q5Value's values first, in two loops without branches (the compiler vectorises both).
     int16_t v[kQK];
     for (int e = 0; e < kQK / 2; ++e) {
       v[e] = static_cast<int16_t>((x[i].qs[e] & 0xF) | (qh >> e & 1) << 4);
@@ -77,13 +77,16 @@ float DotQ8_0A16(const BlockQ8_0* x, const BlockA16* y, int64_t nb) {
   return sum;
 }
 
-// Sub-block j of a Q4_K super-block (32 elements, one activation block): values d*sc*q - dmin*m,
-// so its dot is d*sc*d_a*sum(q a) - dmin*m*d_a*sum(a).
-float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
+// Sub-block j of a Q4_K or Q5_K super-block (32 elements, one activation block): values
+// d*sc*q - dmin*m, so its dot is d*sc*d_a*sum(q a) - dmin*m*d_a*sum(a).
+template <typename Block>
+float DotK4A16(const Block* x, const BlockA16* y, int64_t nb) {
   float sum = 0.0f;
   for (int64_t i = 0; i < nb / 8; ++i) {
     const float d = Fp16ToFloat(x[i].d), dmin = Fp16ToFloat(x[i].dmin);
     const uint8_t* q = x[i].qs;
+    // Chunk c's 32 bytes: the low nibbles are sub-block 2c, the high ones 2c + 1 (KQuantValue),
+    // taken with constant shifts so that the loops vectorise.
     for (int c = 0; c < 4; ++c) {
       for (int half = 0; half < 2; ++half) {
         const int j = 2 * c + half;
@@ -91,31 +94,19 @@ float DotQ4_KA16(const BlockQ4_K* x, const BlockA16* y, int64_t nb) {
         uint8_t sc, mn;
         UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
         int32_t s = 0;
-        for (int l = 0; l < 32; ++l) s += (half ? (q[l] >> 4) : (q[l] & 0xF)) * a.qs[l];
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          int16_t v[kQK];
+          for (int l = 0; l < kQK; ++l) {
+            v[l] =
+                static_cast<int16_t>((half ? q[l] >> 4 : q[l] & 0xF) | (x[i].qh[l] >> j & 1) << 4);
+          }
+          for (int l = 0; l < kQK; ++l) s += v[l] * a.qs[l];
+        } else {
+          for (int l = 0; l < kQK; ++l) s += (half ? (q[l] >> 4) : (q[l] & 0xF)) * a.qs[l];
+        }
         sum += a.d * (d * sc * static_cast<float>(s) - dmin * mn * static_cast<float>(a.sum));
       }
       q += 32;
-    }
-  }
-  return sum;
-}
-
-// Q5_K: Q4_K's sub-blocks with a fifth bit per value (bit j of qh[l] for sub-block j).
-float DotQ5_KA16(const BlockQ5_K* x, const BlockA16* y, int64_t nb) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < nb / 8; ++i) {
-    const float d = Fp16ToFloat(x[i].d), dmin = Fp16ToFloat(x[i].dmin);
-    for (int j = 0; j < 8; ++j) {
-      const BlockA16& a = y[i * 8 + j];
-      const uint8_t* q = x[i].qs + 32 * (j / 2);
-      uint8_t sc, mn;
-      UnpackScaleMinK4(j, x[i].scales, &sc, &mn);
-      int32_t s = 0;
-      for (int l = 0; l < 32; ++l) {
-        const int v = (j % 2 ? q[l] >> 4 : q[l] & 0xF) | ((x[i].qh[l] >> j) & 1) << 4;
-        s += v * a.qs[l];
-      }
-      sum += a.d * (d * sc * static_cast<float>(s) - dmin * mn * static_cast<float>(a.sum));
     }
   }
   return sum;
@@ -311,8 +302,8 @@ const Primitives& ScalarPrimitives() {
   static const Primitives t{.q4_0_a16 = DotQ4_0A16,
                             .q4_1_a16 = DotQ4_1A16,
                             .q8_0_a16 = DotQ8_0A16,
-                            .q4_k_a16 = DotQ4_KA16,
-                            .q5_k_a16 = DotQ5_KA16,
+                            .q4_k_a16 = DotK4A16<BlockQ4_K>,
+                            .q5_k_a16 = DotK4A16<BlockQ5_K>,
                             .q6_k_a16 = DotQ6_KA16,
                             .q5_0_a16 = DotQ5A16<BlockQ5_0>,
                             .q5_1_a16 = DotQ5A16<BlockQ5_1>,

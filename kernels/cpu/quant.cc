@@ -72,13 +72,11 @@ void DequantQ5(const Block* b, float* y, int64_t nb) {
     const float d = Fp16ToFloat(b[i].d);
     uint32_t qh;
     std::memcpy(&qh, b[i].qh, 4);
-    for (int e = 0; e < kQK; ++e) {
-      const int v = Q5Value(b[i].qs, qh, e);
-      if constexpr (std::is_same_v<Block, BlockQ5_0>) {
-        y[i * kQK + e] = (v - 16) * d;
-      } else {
-        y[i * kQK + e] = v * d + Fp16ToFloat(b[i].m);
-      }
+    if constexpr (std::is_same_v<Block, BlockQ5_0>) {
+      for (int e = 0; e < kQK; ++e) y[i * kQK + e] = (Q5Value(b[i].qs, qh, e) - 16) * d;
+    } else {
+      const float m = Fp16ToFloat(b[i].m);
+      for (int e = 0; e < kQK; ++e) y[i * kQK + e] = Q5Value(b[i].qs, qh, e) * d + m;
     }
   }
 }
@@ -96,21 +94,11 @@ template <typename Block>
 void DequantK4(const Block* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = Fp16ToFloat(b[i].d), dmin = Fp16ToFloat(b[i].dmin);
-    const uint8_t* q = b[i].qs;
-    float* out = y + i * kQKK;
-    for (int c = 0; c < 4; ++c) {
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * c + h;
-        uint8_t sc, mn;
-        UnpackScaleMinK4(j, b[i].scales, &sc, &mn);
-        const float dj = d * sc, mj = dmin * mn;
-        for (int l = 0; l < 32; ++l) {
-          int v = h ? q[l] >> 4 : q[l] & 0xF;
-          if constexpr (std::is_same_v<Block, BlockQ5_K>) v |= (b[i].qh[l] >> j & 1) << 4;
-          out[c * 64 + 32 * h + l] = dj * v - mj;
-        }
-      }
-      q += 32;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      UnpackScaleMinK4(j, b[i].scales, &sc, &mn);
+      const float dj = d * sc, mj = dmin * mn;
+      for (int l = 0; l < 32; ++l) y[i * kQKK + 32 * j + l] = dj * KQuantValue(b[i], j, l) - mj;
     }
   }
 }
