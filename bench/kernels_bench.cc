@@ -53,6 +53,17 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
   } else if (t == DType::kQ6_K) {
     auto* blk = reinterpret_cast<BlockQ6_K*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) blk[i].d = FloatToFp16(0.001f);
+  } else if (t == DType::kQ2_K || t == DType::kQ3_K) {  // d (and Q2_K's dmin) end the block
+    const int64_t bb = TraitsOf(t).block_bytes, at = t == DType::kQ2_K ? 80 : 108;
+    const uint16_t d = FloatToFp16(0.001f);
+    for (size_t i = 0; i < w.size(); i += bb) {
+      std::memcpy(&w[i + at], &d, 2);
+      if (t == DType::kQ2_K) std::memcpy(&w[i + at + 2], &d, 2);
+    }
+  } else if (t == DType::kIQ4_NL || t == DType::kIQ4_XS) {  // d leads the block
+    const int64_t bb = TraitsOf(t).block_bytes;
+    const uint16_t d = FloatToFp16(0.0001f);
+    for (size_t i = 0; i < w.size(); i += bb) std::memcpy(&w[i], &d, 2);
   } else {  // Q8_0
     auto* blk = reinterpret_cast<BlockQ8_0*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ8_0); ++i) blk[i].d = FloatToFp16(0.01f);
@@ -131,6 +142,16 @@ BENCHMARK(BM_MatMulQ6_K)
     ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
     ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
     ->UseRealTime();
+// Q3_K (Q3_K_M files; packed as Q6_K), IQ4_XS (packed as Q8_0's quants with fp32 scales) and its
+// fallback IQ4_NL (packed as Q8_0), and Q2_K (no packed form): row-major dots in plain C++.
+void BM_MatMulQ2_K(benchmark::State& st) { BM_MatMul<DType::kQ2_K>(st); }
+void BM_MatMulQ3_K(benchmark::State& st) { BM_MatMul<DType::kQ3_K>(st); }
+void BM_MatMulIQ4_NL(benchmark::State& st) { BM_MatMul<DType::kIQ4_NL>(st); }
+void BM_MatMulIQ4_XS(benchmark::State& st) { BM_MatMul<DType::kIQ4_XS>(st); }
+BENCHMARK(BM_MatMulQ2_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMulQ3_K)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMulIQ4_NL)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
+BENCHMARK(BM_MatMulIQ4_XS)->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})->UseRealTime();
 
 // args: context length, threads. One decode step of one layer: 9 query heads, 3 KV heads.
 void BM_AttentionDecode(benchmark::State& st) {

@@ -14,8 +14,8 @@
 //   uint16_t m[16]          fp16 minimums (Q4_1 only)
 //   quants                  Q4_0/Q4_1/Q4_K: 8 chunks of 32 bytes; byte i of chunk p holds row
 //                           i / 2's element 4p + i % 2 in its low nibble and 4p + 2 + i % 2 in
-//                           its high one. Q8_0/Q5_*/Q6_K: 16 chunks of 32 bytes; byte i of chunk
-//                           k is row i / 2's element 2k + i % 2.
+//                           its high one. The byte-quant types (PackedBytesQuants): 16 chunks
+//                           of 32 bytes; byte i of chunk k is row i / 2's element 2k + i % 2.
 // so a Q4_0, Q4_1 or Q8_0 group-block is exactly 16 of the type's blocks in size.
 //
 // Q4_K packs as Q4_1 does, one 32-element sub-block per group-block: a sub-block's values are
@@ -52,7 +52,7 @@ namespace kvmesh::kernels {
 
 inline constexpr int64_t kPackRows = 16;
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have a packed form.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL and IQ4_XS have a packed form.
 bool PackableType(DType t);
 
 // The width of the activations the packed products of a model run against. 16 (the default)
@@ -66,22 +66,27 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
   return bits == ActBits::k8 && (t == DType::kQ4_0 || t == DType::kQ4_1);
 }
 
-// Whether a packed type stores its scales as fp32 (the K-quants), adds minimums (Q4_1, Q4_K,
-// Q5_K), scales each 16-element half of a block on its own (Q6_K), and has int8 quants (Q8_0,
-// Q5_K, Q6_K; the others: nibbles).
+// Whether a packed type stores its scales as fp32 (the K-quants, IQ4_XS), adds minimums (Q4_1,
+// Q4_K, Q5_K), scales each 16-element half of a block on its own (Q6_K, Q3_K), and has int8
+// quants (all but Q4_0, Q4_1 and Q4_K, whose are nibbles).
 // Q5_0 / Q5_1 pack as Q8_0 does, their values (Q5_0: q - 16; Q5_1: q, 0..31) as int8 quants,
 // with their fp16 scales (and Q5_1's fp16 minimums) where Q8_0 / Q4_1 keep theirs: 544 / 576
 // bytes a group-block, 8.5 / 9 bits a weight against the file's 5.5 / 6.
+// Q3_K packs as Q6_K (its values in [-4, 3], the scales d * (sc - 32)): 10 bits a weight against
+// 3.44. IQ4_NL packs as Q8_0 (its grid values kIq4Values as the quants, its fp16 scale): 8.5 bits
+// against 4.5. IQ4_XS as Q8_0's quants with an fp32 scale d * (ls - 32) a sub-block: 10 bits
+// against 4.25. Q2_K (a minimum per 16 elements) has no packed form.
 constexpr bool PackedScalesF32(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ3_K ||
+         t == DType::kIQ4_XS;
 }
 constexpr bool PackedHasMins(DType t) {
   return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
 }
-constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K; }
+constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K || t == DType::kQ3_K; }
 constexpr bool PackedBytesQuants(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kQ5_K ||
-         t == DType::kQ6_K;
+         t == DType::kQ6_K || t == DType::kQ3_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
 }
 
 // Bytes of a packed group-block's scales, before its quants: 16 of each scale (and minimum).

@@ -20,9 +20,13 @@ enum class DType : uint32_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
@@ -92,6 +96,38 @@ struct BlockQ6_K {
   int8_t scales[kQKK / 16];
   uint16_t d;
 };
+// Q2_K: 16 sub-blocks of 16 elements, x = d * sc * q - dmin * m with q of 2 bits and a 4-bit
+// scale sc (low nibble of scales[s]) and minimum m (high nibble) per sub-block.
+struct BlockQ2_K {
+  uint8_t scales[kQKK / 16];
+  uint8_t qs[kQKK / 4];  // element 128h + 32j + l: bits 2j of qs[32h + l]
+  uint16_t d, dmin;
+};
+// Q3_K: 16 sub-blocks of 16, x = d * (sc - 32) * q with q in [-4, 3]: its low two bits as Q2_K's,
+// minus 4 where bit i / 32 of hmask[i % 32] is clear; sc of 6 bits (Q3KScale).
+struct BlockQ3_K {
+  uint8_t hmask[kQKK / 8];
+  uint8_t qs[kQKK / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+// IQ4_NL: Q4_0's nibbles (element e < 16 the low nibble of qs[e], else the high one of
+// qs[e - 16]) index kIq4Values, a non-uniform grid: x = d * kIq4Values[nibble]. llama.cpp's
+// fallback for IQ4_XS matrices whose rows are not a multiple of 256.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+// IQ4_XS: 8 sub-blocks of 32, each IQ4_NL's nibbles (sub-block j's at qs + 16 j) with scale
+// d * (ls - 32), ls of 6 bits: a nibble of scales_l and two bits of scales_h (IQ4XSScale).
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQKK / 64];
+  uint8_t qs[kQKK / 2];
+};
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
 // 8-bit activations (what ggml uses for Q4_0 / Q4_1; opt-in here, kernels/packed.h ActBits):
 // the same fields as BlockA16 with int8 values in [-127, 127].
 struct BlockA8 {
@@ -110,6 +146,10 @@ static_assert(sizeof(BlockA8) == 44);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
 
 // Q4_K (and Q5_K) packs 8 (scale, min) pairs of 6 bits into 12 bytes: pairs 0..3 in the low 6 bits
 // of bytes 0..3 / 4..7; pairs 4..7 split into a low nibble in bytes 8..11 and 2 high bits taken
@@ -140,6 +180,21 @@ inline int Q5Value(const uint8_t* qs, uint32_t qh, int e) {
   const int nibble = e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
   return nibble | static_cast<int>(qh >> e & 1) << 4;
 }
+
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS read as small integers with an fp32 scale and minimum per 16
+// elements: element e of a block is scale[e / 16] * v[e] + min[e / 16] (min 0 but for Q2_K), the
+// value the gguf package's dequantisation gives. The scales and minimums are exact (an fp16 times
+// an integer of at most 7 bits), so the products run on the integers v. These types' dots,
+// dequantisation and packing all read their blocks through this.
+struct SmallValues {
+  int8_t v[kQKK];
+  float scale[kQKK / 16], min[kQKK / 16];
+};
+constexpr bool HasSmallValues(DType t) {
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
+}
+// The block at src of such a type (its block_elems elements) into *out.
+void UnpackSmallValues(DType t, const uint8_t* src, SmallValues* out);
 
 // Bytes of a row of n elements of type t; n must be a multiple of the block size.
 inline int64_t RowBytes(DType t, int64_t n) {

@@ -16,7 +16,8 @@ constexpr int64_t kRowTile = kPackRows;
 
 bool IsIntegerPath(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
-         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
+         HasSmallValues(t);
 }
 
 // The tokens' activations, quantised once per product input: 16-bit blocks for the integer
@@ -157,6 +158,14 @@ void RunTile(const MatMulArgs& a, int64_t r0, int64_t r1, const Quantised& q) {
       return QuantTile<BlockQ5_K>(a, r0, r1, xq, d.q5_k_a16, nullptr);
     case DType::kQ6_K:
       return QuantTile<BlockQ6_K>(a, r0, r1, xq, d.q6_k_a16, nullptr);
+    case DType::kQ2_K:
+      return QuantTile<BlockQ2_K>(a, r0, r1, xq, d.q2_k_a16, nullptr);
+    case DType::kQ3_K:
+      return QuantTile<BlockQ3_K>(a, r0, r1, xq, d.q3_k_a16, nullptr);
+    case DType::kIQ4_NL:
+      return QuantTile<BlockIQ4_NL>(a, r0, r1, xq, d.iq4_nl_a16, nullptr);
+    case DType::kIQ4_XS:
+      return QuantTile<BlockIQ4_XS>(a, r0, r1, xq, d.iq4_xs_a16, nullptr);
     default:
       return FloatTile(a, r0, r1);
   }

@@ -1,4 +1,4 @@
-// Packing of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K rows into 16-row groups
+// Packing of the packable types' rows (PackableType) into 16-row groups
 // (kernels/packed.h) and the reference product over a packed group.
 #include "kernels/packed.h"
 
@@ -51,17 +51,42 @@ void Q6KBlock(const uint8_t* row, int64_t b, int8_t* qs, float* d0, float* d1) {
   }
 }
 
+// A group's rows' current super-blocks as small values, so that each is unpacked once for its 8
+// blocks (one per group being packed: the rows' memory cannot change meanwhile).
+struct SmallRows {
+  SmallValues values[kPackRows];
+  const uint8_t* at[kPackRows] = {};
+};
+
+// Row r's 32-element block b of a Q3_K or IQ4_XS row: its values and its two 16-element halves'
+// scales.
+void SmallBlock(DType t, const uint8_t* row, int r, int64_t b, SmallRows& rows, int8_t* qs,
+                float* d0, float* d1) {
+  const DTypeTraits tr = TraitsOf(t);
+  const int64_t per = tr.block_elems / kQK;
+  const uint8_t* src = row + b / per * tr.block_bytes;
+  if (rows.at[r] != src) {
+    UnpackSmallValues(t, src, &rows.values[r]);
+    rows.at[r] = src;
+  }
+  const SmallValues& sv = rows.values[r];
+  const int64_t j = b % per;
+  std::memcpy(qs, sv.v + kQK * j, kQK);
+  *d0 = sv.scale[2 * j];
+  *d1 = sv.scale[2 * j + 1];
+}
+
 // The 16 rows' block b (row r at rows + r * row_bytes) into one group-block at dst.
 void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int64_t b,
-                    uint8_t* dst) {
+                    SmallRows& small, uint8_t* dst) {
   uint8_t* q = dst + PackedScaleBytes(t);
   if (a8) std::memset(q, 0, 8 * 32);  // its rows' nibbles are OR-ed in
   for (int r = 0; r < kPackRows; ++r) {
     // A K-quant's block as the fields of the type it packs as (Q4_1, Q8_0): 2 bytes in.
     uint8_t k_block[2 + kQK];
     const uint8_t* blk = k_block;
-    if (t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K) {
-      float d, m;
+    if (PackedScalesF32(t)) {
+      float d, m;  // the scale, and the minimum or the second half's scale
       const uint8_t* row = rows + r * row_bytes;
       if (t == DType::kQ4_K) {  // the values as Q4_1's nibbles: e low, e + 16 high
         uint8_t v[kQK];
@@ -69,11 +94,13 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
         for (int e = 0; e < 16; ++e) k_block[2 + e] = static_cast<uint8_t>(v[e] | v[e + 16] << 4);
       } else if (t == DType::kQ5_K) {  // the values as Q8_0's bytes
         KSubBlock<BlockQ5_K>(row, b, k_block + 2, &d, &m);
-      } else {
+      } else if (t == DType::kQ6_K) {
         Q6KBlock(row, b, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
+      } else {  // Q3_K, IQ4_XS (whose halves share their sub-block's scale)
+        SmallBlock(t, row, r, b, small, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
       }
       std::memcpy(dst + 4 * r, &d, 4);
-      std::memcpy(dst + 64 + 4 * r, &m, 4);
+      if (PackedHasMins(t) || PackedHalfScales(t)) std::memcpy(dst + 64 + 4 * r, &m, 4);
     } else {  // fp16 scales (and Q4_1 / Q5_1's minimums) lead the block: kept as they are
       blk = rows + r * row_bytes + b * TraitsOf(t).block_bytes;
       std::memcpy(dst + 2 * r, blk, 2);                                 // d
@@ -85,6 +112,12 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
         for (int e = 0; e < kQK; ++e) {
           const int v = Q5Value(blk + (q5_1 ? 8 : 6), qh, e) - (q5_1 ? 0 : 16);
           k_block[2 + e] = static_cast<uint8_t>(v);
+        }
+        blk = k_block;
+      } else if (t == DType::kIQ4_NL) {  // the grid values as Q8_0's bytes
+        for (int e = 0; e < kQK; ++e) {
+          const uint8_t nib = e < 16 ? blk[2 + e] & 0xF : blk[2 + e - 16] >> 4;
+          k_block[2 + e] = static_cast<uint8_t>(kIq4Values[nib]);
         }
         blk = k_block;
       }
@@ -130,7 +163,8 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
 
 bool PackableType(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
-         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+         t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
+         t == DType::kQ3_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
 }
 
 bool PackedKernelIsFast() { return cpu::Prims().packed_tile != &cpu::PackedTileReference; }
@@ -155,8 +189,9 @@ WeightMatrix PackWeights(const WeightMatrix& w, uint8_t* dst, ThreadPool* pool, 
   const auto* base = static_cast<const uint8_t*>(w.data);
   auto pack = [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
+      SmallRows small;
       for (int64_t b = 0; b < nb; ++b) {
-        PackGroupBlock(w.type, a8, base + g * kPackRows * w.row_bytes, w.row_bytes, b,
+        PackGroupBlock(w.type, a8, base + g * kPackRows * w.row_bytes, w.row_bytes, b, small,
                        dst + (g * nb + b) * gb);
       }
     }
@@ -177,7 +212,7 @@ namespace cpu {
 namespace {
 
 // Row r's scale in a group-block, or (second) its minimum (PackedHasMins) or second half's scale
-// (Q6_K): fp16 at 0 and 32, fp32 at 0 and 64.
+// (PackedHalfScales): fp16 at 0 and 32, fp32 at 0 and 64.
 float PackedScale(DType type, const uint8_t* blk, int r, bool second) {
   if (PackedScalesF32(type)) {
     float v;

@@ -58,6 +58,12 @@ struct Primitives {
   // on every ISA.
   float (*q5_0_a16)(const BlockQ5_0* x, const BlockA16* y, int64_t nb);
   float (*q5_1_a16)(const BlockQ5_1* x, const BlockA16* y, int64_t nb);
+  // Q2_K, Q3_K, IQ4_NL, IQ4_XS through their small values (UnpackSmallValues): plain C++ on
+  // every ISA (their packed groups are what runs fast; Q2_K has none).
+  float (*q2_k_a16)(const BlockQ2_K* x, const BlockA16* y, int64_t nb);
+  float (*q3_k_a16)(const BlockQ3_K* x, const BlockA16* y, int64_t nb);
+  float (*iq4_nl_a16)(const BlockIQ4_NL* x, const BlockA16* y, int64_t nb);
+  float (*iq4_xs_a16)(const BlockIQ4_XS* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
   // (w + r * w_stride bytes) and 4 tokens (a + t * a_stride blocks). Null where the ISA has
@@ -233,7 +239,8 @@ Fn KernelFor(DType t) {
 template <template <DType> class K>
 PackedTypeTile<BlockA16> PackedKernels16(DType t) {
   return KernelFor<PackedTypeTile<BlockA16>, K, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                   DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K>(t);
+                   DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                   DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS>(t);
 }
 template <template <DType> class K>
 PackedTypeTile<BlockA8> PackedKernels8(DType t) {

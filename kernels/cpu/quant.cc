@@ -33,6 +33,14 @@ std::optional<DTypeTraits> TraitsOf(uint32_t type_id) {
       return DTypeTraits{"Q5_K", kQKK, sizeof(BlockQ5_K)};
     case DType::kQ6_K:
       return DTypeTraits{"Q6_K", kQKK, sizeof(BlockQ6_K)};
+    case DType::kQ2_K:
+      return DTypeTraits{"Q2_K", kQKK, sizeof(BlockQ2_K)};
+    case DType::kQ3_K:
+      return DTypeTraits{"Q3_K", kQKK, sizeof(BlockQ3_K)};
+    case DType::kIQ4_NL:
+      return DTypeTraits{"IQ4_NL", kQK, sizeof(BlockIQ4_NL)};
+    case DType::kIQ4_XS:
+      return DTypeTraits{"IQ4_XS", kQKK, sizeof(BlockIQ4_XS)};
   }
   return std::nullopt;
 }
@@ -131,7 +139,95 @@ void DequantQ6_K(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+// Q2_K and Q3_K's low two bits of element 128h + 32j + l: bits 2j of qs[32h + l].
+void LowBits2(const uint8_t* __restrict qs, int8_t* __restrict v) {
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) v[128 * h + 32 * j + l] = (qs[32 * h + l] >> (2 * j)) & 3;
+    }
+  }
+}
+
+// IQ4_NL's 32 elements from 16 bytes of nibbles: e < 16 low nibble of qs[e], else high of
+// qs[e - 16].
+void Iq4Values(const uint8_t* qs, int8_t* v) {
+  for (int e = 0; e < kQK / 2; ++e) {
+    v[e] = kIq4Values[qs[e] & 0xF];
+    v[e + kQK / 2] = kIq4Values[qs[e] >> 4];
+  }
+}
+
+// Small-value blocks dequantised: scale * v + min, as the gguf package computes them.
+void DequantSmall(DType t, const uint8_t* src, float* y, int64_t n) {
+  const DTypeTraits tr = TraitsOf(t);
+  SmallValues sv;
+  for (int64_t b = 0; b < n / tr.block_elems; ++b) {
+    UnpackSmallValues(t, src + b * tr.block_bytes, &sv);
+    for (int64_t e = 0; e < tr.block_elems; ++e) {
+      const float x = sv.scale[e / 16] * sv.v[e];
+      y[b * tr.block_elems + e] = t == DType::kQ2_K ? x + sv.min[e / 16] : x;
+    }
+  }
+}
+
 }  // namespace
+
+void UnpackSmallValues(DType t, const uint8_t* src, SmallValues* out) {
+  switch (t) {
+    case DType::kQ2_K: {
+      const auto* x = reinterpret_cast<const BlockQ2_K*>(src);
+      const float d = Fp16ToFloat(x->d), dmin = Fp16ToFloat(x->dmin);
+      LowBits2(x->qs, out->v);
+      for (int s = 0; s < 16; ++s) {
+        out->scale[s] = d * static_cast<float>(x->scales[s] & 0xF);
+        out->min[s] = -(dmin * static_cast<float>(x->scales[s] >> 4));
+      }
+      return;
+    }
+    case DType::kQ3_K: {
+      const auto* x = reinterpret_cast<const BlockQ3_K*>(src);
+      const float d = Fp16ToFloat(x->d);
+      LowBits2(x->qs, out->v);
+      uint8_t hmask[32];  // a copy the compiler knows out->v does not overlap
+      std::memcpy(hmask, x->hmask, sizeof hmask);
+      for (int b = 0; b < 8; ++b) {
+        for (int l = 0; l < 32; ++l) {
+          out->v[32 * b + l] = static_cast<int8_t>(out->v[32 * b + l] - 4 * (~hmask[l] >> b & 1));
+        }
+      }
+      // Scale s: its low nibble from scales[s % 8] (s < 8: low nibble, else high), its two
+      // high bits from scales[8 + s % 4] at bit 2 (s / 4).
+      for (int s = 0; s < 16; ++s) {
+        const int lo = (x->scales[s % 8] >> (s < 8 ? 0 : 4)) & 0xF;
+        const int hi = (x->scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        out->scale[s] = d * static_cast<float>((lo | hi << 4) - 32);
+        out->min[s] = 0.0f;
+      }
+      return;
+    }
+    case DType::kIQ4_NL: {
+      const auto* x = reinterpret_cast<const BlockIQ4_NL*>(src);
+      Iq4Values(x->qs, out->v);
+      out->scale[0] = out->scale[1] = Fp16ToFloat(x->d);
+      out->min[0] = out->min[1] = 0.0f;
+      return;
+    }
+    case DType::kIQ4_XS: {
+      const auto* x = reinterpret_cast<const BlockIQ4_XS*>(src);
+      const float d = Fp16ToFloat(x->d);
+      for (int j = 0; j < 8; ++j) {
+        Iq4Values(x->qs + 16 * j, out->v + 32 * j);
+        const int ls =
+            ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | ((x->scales_h >> (2 * j)) & 3) << 4;
+        out->scale[2 * j] = out->scale[2 * j + 1] = d * static_cast<float>(ls - 32);
+        out->min[2 * j] = out->min[2 * j + 1] = 0.0f;
+      }
+      return;
+    }
+    default:
+      assert(false && "not a small-value type");
+  }
+}
 
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
@@ -164,6 +260,11 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
       return DequantK4(static_cast<const BlockQ5_K*>(src), dst, n / kQKK);
     case DType::kQ6_K:
       return DequantQ6_K(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
+      return DequantSmall(t, static_cast<const uint8_t*>(src), dst, n);
   }
   assert(false && "unsupported dtype");
 }

@@ -172,11 +172,11 @@ TEST(Cli, BadModelFiles) {
   gpt2.Str("general.architecture", "gpt2");
   ExpectOneLineError({"run", "--model", WriteTemp("gpt2.gguf", gpt2.Build()), "--prompt", "x"},
                      "unsupported architecture 'gpt2'");
-  testing::GgufBuilder q2;
-  q2.Str("general.architecture", "llama")
-      .Tensor("token_embd.weight", {256, 1}, 10, std::string(84, '\0'));
-  ExpectOneLineError({"run", "--model", WriteTemp("q2.gguf", q2.Build()), "--prompt", "x"},
-                     "tensor 'token_embd.weight': unsupported tensor type Q2_K");
+  testing::GgufBuilder iq3;
+  iq3.Str("general.architecture", "llama")
+      .Tensor("token_embd.weight", {256, 1}, 18, std::string(98, '\0'));
+  ExpectOneLineError({"run", "--model", WriteTemp("iq3.gguf", iq3.Build()), "--prompt", "x"},
+                     "tensor 'token_embd.weight': unsupported tensor type IQ3_XXS");
   // A file's strings reach the message escaped and cut: one line, no terminal escapes.
   testing::GgufBuilder evil;
   evil.Str("general.architecture", "x\nkvmesh: forged line\x1b[2J" + std::string(5000, 'A'));

@@ -75,6 +75,17 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t
         case DType::kQ6_K:
           set_h(blk + 208, sc(rng) / 10);
           break;
+        case DType::kQ2_K:
+          set_h(blk + 80, sc(rng) / 10);
+          set_h(blk + 82, sc(rng) / 10);
+          break;
+        case DType::kQ3_K:
+          set_h(blk + 108, sc(rng) / 10);
+          break;
+        case DType::kIQ4_NL:
+        case DType::kIQ4_XS:
+          set_h(blk, sc(rng) / 10);
+          break;
         default:
           break;
       }
@@ -129,13 +140,15 @@ struct MatMulCase {
 TEST_P(IsaTest, MatMulMatchesScalarReferenceForEveryType) {
   ThreadPool pool(2);
   const MatMulCase cases[] = {
-      {DType::kQ4_0, 37, 96, 1},  {DType::kQ4_0, 16, 576, 5},  {DType::kQ4_1, 41, 64, 3},
-      {DType::kQ4_1, 17, 576, 1}, {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
-      {DType::kQ4_1, 37, 96, 9},  {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
-      {DType::kQ8_0, 5, 32, 1},   {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
-      {DType::kQ6_K, 6, 768, 5},  {DType::kQ4_K, 4, 1024, 1},  {DType::kQ5_K, 9, 512, 3},
-      {DType::kQ5_K, 4, 256, 1},  {DType::kQ5_0, 13, 96, 3},   {DType::kQ5_1, 11, 64, 2},
-      {DType::kF16, 7, 40, 3},    {DType::kBF16, 11, 24, 2},   {DType::kF32, 19, 33, 5},
+      {DType::kQ4_0, 37, 96, 1},   {DType::kQ4_0, 16, 576, 5},  {DType::kQ4_1, 41, 64, 3},
+      {DType::kQ4_1, 17, 576, 1},  {DType::kQ4_1, 64, 1536, 2}, {DType::kQ8_0, 33, 160, 4},
+      {DType::kQ4_1, 37, 96, 9},   {DType::kQ4_0, 22, 64, 7},   {DType::kQ8_0, 45, 576, 13},
+      {DType::kQ8_0, 5, 32, 1},    {DType::kQ4_K, 9, 512, 3},   {DType::kQ6_K, 13, 256, 2},
+      {DType::kQ6_K, 6, 768, 5},   {DType::kQ4_K, 4, 1024, 1},  {DType::kQ5_K, 9, 512, 3},
+      {DType::kQ5_K, 4, 256, 1},   {DType::kQ5_0, 13, 96, 3},   {DType::kQ5_1, 11, 64, 2},
+      {DType::kQ2_K, 9, 512, 3},   {DType::kQ3_K, 13, 256, 2},  {DType::kIQ4_NL, 11, 96, 3},
+      {DType::kIQ4_XS, 9, 512, 3}, {DType::kF16, 7, 40, 3},     {DType::kBF16, 11, 24, 2},
+      {DType::kF32, 19, 33, 5},
   };
   for (const MatMulCase& c : cases) {
     const auto w = RandomWeights(c.type, c.rows, c.cols, 7 * c.rows + c.cols);
@@ -227,6 +240,21 @@ void PackedMatMulCases(ActBits bits) {
       {DType::kQ5_0, 48, 576, 16},
       {DType::kQ5_1, 48, 576, 16},
       {DType::kQ5_1, 16, 64, 29},
+      // Q3_K (as Q6_K), IQ4_NL (as Q8_0), IQ4_XS (as Q8_0's quants with fp32 scales): one
+      // token, the AVX2 tails, the AVX-512 passes, AMX tiles of 16 and of 8-15 with a tail.
+      {DType::kQ3_K, 16, 256, 1},
+      {DType::kQ3_K, 37, 512, 6},
+      {DType::kQ3_K, 48, 768, 16},
+      {DType::kQ3_K, 16, 256, 29},
+      {DType::kIQ4_NL, 37, 96, 6},
+      {DType::kIQ4_NL, 16, 64, 1},
+      {DType::kIQ4_NL, 48, 576, 16},
+      {DType::kIQ4_NL, 16, 64, 29},
+      {DType::kIQ4_XS, 16, 256, 1},
+      {DType::kIQ4_XS, 37, 512, 6},
+      {DType::kIQ4_XS, 32, 256, 3},
+      {DType::kIQ4_XS, 48, 768, 16},
+      {DType::kIQ4_XS, 16, 256, 29},
   };
   for (const MatMulCase& c : cases) {
     const bool a8 = PacksForA8(c.type, bits);
@@ -295,8 +323,9 @@ void PackedMatMulCases(ActBits bits) {
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
-                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t :
+       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K,
+        DType::kQ5_K, DType::kQ6_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
     // A K-quant slice starts and ends on its 256-element super-blocks.
     const int64_t k = TraitsOf(t).block_elems == kQKK ? 4 : 1;
     const int64_t rows = 40, cols = 256 * k, c0 = 64 * k, c1 = 192 * k;

@@ -40,7 +40,8 @@ TEST(Dequant, EveryTypeMatchesGgufPyOnRandomBlocks) {
     }
     ++types;
   }
-  EXPECT_EQ(types, 11);  // F32 F16 BF16 Q4_0 Q4_1 Q8_0 Q4_K Q6_K Q5_K Q5_0 Q5_1
+  // F32 F16 BF16 Q4_0 Q4_1 Q8_0 Q4_K Q6_K Q5_K Q5_0 Q5_1 Q2_K Q3_K IQ4_NL IQ4_XS
+  EXPECT_EQ(types, 15);
 }
 
 TEST(Fp16, RoundTripsEveryHalf) {

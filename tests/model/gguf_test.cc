@@ -188,9 +188,9 @@ TEST(Gguf, RejectsUnknownTensorType) {
   GgufBuilder b;
   b.Tensor("t", {32}, 99, std::string(128, '\0'));
   ExpectError(b.Build(), "tensor 't': unsupported tensor type 99");
-  GgufBuilder q3;  // a ggml type kvmesh does not read, by its name
-  q3.Tensor("t", {256}, 11, std::string(110, '\0'));
-  ExpectError(q3.Build(), "tensor 't': unsupported tensor type Q3_K");
+  GgufBuilder iq2;  // a ggml type kvmesh does not read, by its name
+  iq2.Tensor("t", {256}, 16, std::string(66, '\0'));
+  ExpectError(iq2.Build(), "tensor 't': unsupported tensor type IQ2_XXS");
 }
 
 TEST(Gguf, RejectsRowNotWholeBlocks) {

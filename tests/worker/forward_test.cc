@@ -298,8 +298,9 @@ TEST_F(RealModel, RowMajorWeightsStayNearBothReferences) {
 
 // A tiny Llama (2 layers, 256 wide, 4 query and 2 KV heads, 256 tokens) whose matrices are
 // random quantised blocks with sane scales, `main` for Q, K, O, gate and up and `wide` for V and
-// down, as Q4_K_M and Q5_K_M files mix them (and, where rows are not a multiple of 256, their
-// fallbacks Q5_0, Q5_1 and Q8_0); F32 embeddings and norms. Written to a file.
+// down, as Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and IQ4_XS files mix them (and, where rows are not a
+// multiple of 256, their fallbacks Q5_0, Q5_1, Q8_0 and IQ4_NL); F32 embeddings and norms.
+// Written to a file.
 std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std::string& name) {
   using kernels::DType;
   constexpr int64_t kEmbd = 256, kFf = 512, kVocab = 256, kLayers = 2;
@@ -316,6 +317,13 @@ std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std:
       };
       if (t == DType::kQ6_K) {
         set(208, scale(rng));
+      } else if (t == DType::kQ3_K) {
+        set(108, scale(rng));
+      } else if (t == DType::kQ2_K) {
+        set(80, scale(rng));
+        set(82, scale(rng));
+      } else if (t == DType::kIQ4_NL || t == DType::kIQ4_XS) {  // grid values up to 127
+        set(0, scale(rng) / 16);
       } else {  // d, and Q4_K / Q5_K's dmin or Q5_1's m
         set(0, scale(rng));
         if (t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ5_1) set(2, scale(rng));
@@ -368,11 +376,13 @@ std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std:
 TEST(KQuantModel, RepackedMatchesRowMajorEndToEnd) {
   if (!kernels::PackedKernelIsFast()) GTEST_SKIP() << "this ISA packs nothing";
   using kernels::DType;
-  for (const auto& [main, wide, name] :
-       {std::tuple{DType::kQ4_K, DType::kQ6_K, "q4_k_m"},
-        std::tuple{DType::kQ5_K, DType::kQ6_K, "q5_k_m"},
-        std::tuple{DType::kQ5_0, DType::kQ8_0, "q4_k_m_fallbacks"},
-        std::tuple{DType::kQ5_1, DType::kQ8_0, "q5_k_m_fallbacks"}}) {
+  for (const auto& [main, wide, name] : {std::tuple{DType::kQ4_K, DType::kQ6_K, "q4_k_m"},
+                                         std::tuple{DType::kQ5_K, DType::kQ6_K, "q5_k_m"},
+                                         std::tuple{DType::kQ5_0, DType::kQ8_0, "q4_k_m_fallbacks"},
+                                         std::tuple{DType::kQ5_1, DType::kQ8_0, "q5_k_m_fallbacks"},
+                                         std::tuple{DType::kQ3_K, DType::kQ5_K, "q3_k_m"},
+                                         std::tuple{DType::kQ2_K, DType::kQ4_K, "q2_k"},
+                                         std::tuple{DType::kIQ4_XS, DType::kIQ4_NL, "iq4_xs"}}) {
     SCOPED_TRACE(name);
     const std::string path = TinyKQuantModel(main, wide, name);
     std::unique_ptr<Engine> engines[2];
