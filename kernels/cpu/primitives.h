@@ -58,12 +58,6 @@ struct Primitives {
   // on every ISA.
   float (*q5_0_a16)(const BlockQ5_0* x, const BlockA16* y, int64_t nb);
   float (*q5_1_a16)(const BlockQ5_1* x, const BlockA16* y, int64_t nb);
-  // Q2_K, Q3_K, IQ4_NL, IQ4_XS through their small values (UnpackSmallValues): plain C++ on
-  // every ISA (their packed groups are what runs fast; Q2_K has none).
-  float (*q2_k_a16)(const BlockQ2_K* x, const BlockA16* y, int64_t nb);
-  float (*q3_k_a16)(const BlockQ3_K* x, const BlockA16* y, int64_t nb);
-  float (*iq4_nl_a16)(const BlockIQ4_NL* x, const BlockA16* y, int64_t nb);
-  float (*iq4_xs_a16)(const BlockIQ4_XS* x, const BlockA16* y, int64_t nb);
   float (*f32_f32)(const float* x, const float* y, int64_t n);
   // Register-tiled products for prefill: out[t * ldo + r] = dot(row r, token t) for 4 rows
   // (w + r * w_stride bytes) and 4 tokens (a + t * a_stride blocks). Null where the ISA has

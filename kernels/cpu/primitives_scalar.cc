@@ -112,41 +112,6 @@ float DotK4A16(const Block* x, const BlockA16* y, int64_t nb) {
   return sum;
 }
 
-// Q2_K, Q3_K, IQ4_NL, IQ4_XS: through their small values (UnpackSmallValues); an activation
-// block covers two 16-element sub-blocks, each with its own scale (and Q2_K's minimum, whose
-// product is min * d_a * the half's sum of activations).
-template <DType T>
-float DotSmallA16(const uint8_t* x, const BlockA16* y, int64_t nb) {
-  const DTypeTraits tr = TraitsOf(T);
-  const int64_t per = tr.block_elems / kQK;  // activation blocks per weight block
-  float sum = 0.0f;
-  SmallValues sv;
-  for (int64_t i = 0; i < nb / per; ++i) {
-    UnpackSmallValues(T, x + i * tr.block_bytes, &sv);
-    for (int64_t b = 0; b < per; ++b) {
-      const BlockA16& a = y[i * per + b];
-      const int8_t* v = sv.v + kQK * b;
-      int32_t s0 = 0, s1 = 0;
-      for (int l = 0; l < 16; ++l) s0 += v[l] * a.qs[l];
-      for (int l = 16; l < 32; ++l) s1 += v[l] * a.qs[l];
-      float w =
-          sv.scale[2 * b] * static_cast<float>(s0) + sv.scale[2 * b + 1] * static_cast<float>(s1);
-      if constexpr (T == DType::kQ2_K) {
-        int32_t a0 = 0, a1 = 0;
-        for (int l = 0; l < 16; ++l) a0 += a.qs[l];
-        for (int l = 16; l < 32; ++l) a1 += a.qs[l];
-        w += sv.min[2 * b] * static_cast<float>(a0) + sv.min[2 * b + 1] * static_cast<float>(a1);
-      }
-      sum += a.d * w;
-    }
-  }
-  return sum;
-}
-template <DType T, typename Block>
-float DotSmallOf(const Block* x, const BlockA16* y, int64_t nb) {
-  return DotSmallA16<T>(reinterpret_cast<const uint8_t*>(x), y, nb);
-}
-
 // Q6_K: 16 sub-blocks of 16 with int8 scales; an activation block covers two of them.
 float DotQ6_KA16(const BlockQ6_K* x, const BlockA16* y, int64_t nb) {
   float sum = 0.0f;
@@ -342,10 +307,6 @@ const Primitives& ScalarPrimitives() {
                             .q6_k_a16 = DotQ6_KA16,
                             .q5_0_a16 = DotQ5A16<BlockQ5_0>,
                             .q5_1_a16 = DotQ5A16<BlockQ5_1>,
-                            .q2_k_a16 = DotSmallOf<DType::kQ2_K, BlockQ2_K>,
-                            .q3_k_a16 = DotSmallOf<DType::kQ3_K, BlockQ3_K>,
-                            .iq4_nl_a16 = DotSmallOf<DType::kIQ4_NL, BlockIQ4_NL>,
-                            .iq4_xs_a16 = DotSmallOf<DType::kIQ4_XS, BlockIQ4_XS>,
                             .f32_f32 = DotF32F32,
                             .packed_tile = PackedTileReference,
                             .packed_tile_a8 = PackedTileA8Reference,

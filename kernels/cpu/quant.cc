@@ -157,15 +157,21 @@ void Iq4Values(const uint8_t* qs, int8_t* v) {
   }
 }
 
-// Small-value blocks dequantised: scale * v + min, as the gguf package computes them.
+// Small-value blocks dequantised: scale * v + min, as the gguf package computes them (no
+// minimum added where the type has none, so that -0.0 stays -0.0).
 void DequantSmall(DType t, const uint8_t* src, float* y, int64_t n) {
   const DTypeTraits tr = TraitsOf(t);
   SmallValues sv;
-  for (int64_t b = 0; b < n / tr.block_elems; ++b) {
+  for (int64_t b = 0; b < n / tr.block_elems; ++b, y += tr.block_elems) {
     UnpackSmallValues(t, src + b * tr.block_bytes, &sv);
-    for (int64_t e = 0; e < tr.block_elems; ++e) {
-      const float x = sv.scale[e / 16] * sv.v[e];
-      y[b * tr.block_elems + e] = t == DType::kQ2_K ? x + sv.min[e / 16] : x;
+    for (int64_t s = 0; s < tr.block_elems / 16; ++s) {
+      const float scale = sv.scale[s], min = sv.min[s];
+      const int8_t* v = sv.v + 16 * s;
+      if (t == DType::kQ2_K) {
+        for (int l = 0; l < 16; ++l) y[16 * s + l] = scale * v[l] + min;
+      } else {
+        for (int l = 0; l < 16; ++l) y[16 * s + l] = scale * v[l];
+      }
     }
   }
 }
