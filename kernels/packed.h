@@ -74,7 +74,7 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
 // bytes a group-block, 8.5 / 9 bits a weight against the file's 5.5 / 6.
 // Q3_K packs as Q6_K (its values in [-4, 3], the scales d * (sc - 32)): 10 bits a weight against
 // 3.44. IQ4_NL packs as Q8_0 (its grid values kIq4Values as the quants, its fp16 scale): 8.5 bits
-// against 4.5. IQ4_XS as Q8_0's quants with an fp32 scale d * (ls - 32) a sub-block: 10 bits
+// against 4.5. IQ4_XS as Q8_0's quants with an fp32 scale d * (ls - 32) a sub-block: 9 bits
 // against 4.25. Q2_K (a minimum per 16 elements) has no packed form.
 constexpr bool PackedScalesF32(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ3_K ||

@@ -33,6 +33,10 @@ void KSubBlock(const uint8_t* row, int64_t b, uint8_t* v, float* d, float* m) {
 static_assert(PackedGroupBlockBytes(DType::kQ4_0) == kPackRows * sizeof(BlockQ4_0));
 static_assert(PackedGroupBlockBytes(DType::kQ4_1) == kPackRows * sizeof(BlockQ4_1));
 static_assert(PackedGroupBlockBytes(DType::kQ8_0) == kPackRows * sizeof(BlockQ8_0));
+// 10, 8.5 and 9 bits a weight (kernels/packed.h).
+static_assert(PackedGroupBlockBytes(DType::kQ3_K) == 640);
+static_assert(PackedGroupBlockBytes(DType::kIQ4_NL) == 544);
+static_assert(PackedGroupBlockBytes(DType::kIQ4_XS) == 576);
 
 // Row r's block b of a Q6_K row (32 elements): its values q - 32 and its two 16-element
 // sub-blocks' scales d * sc, exact in fp32. Element i of a super-block: half h = i / 128, then

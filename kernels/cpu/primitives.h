@@ -226,7 +226,7 @@ using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const Block* a
 template <typename Fn, template <DType> class K, DType... Ts>
 Fn KernelFor(DType t) {
   Fn k = nullptr;
-  ((t == Ts ? (k = K<Ts>::kFn, true) : false) || ...);
+  (void)((t == Ts ? (k = K<Ts>::kFn, true) : false) || ...);
   return k;
 }
 // The kernels of every packed type (16-bit activations), and of those packed for 8-bit ones.
