@@ -282,6 +282,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["activation_bits"] = e.activation_bits();
     j["attention_bits"] = e.attention_bits();
     j["repacked"] = e.repacked();
+    j["packed_weight_bytes"] = e.packed_weight_bytes();
     j["model"] = e.model().config().name;
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
@@ -291,7 +292,10 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
               << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
               << (e.activation_bits() == 8 ? ", 8-bit activations" : "")
               << (e.attention_bits() == 16 ? ", bf16 attention" : "")
-              << (e.repacked() ? "" : ", row-major weights") << ")\n";
+              << (e.repacked() ? ", weights repacked: " +
+                                     std::to_string(e.packed_weight_bytes() >> 20) + " MiB"
+                               : ", row-major weights")
+              << ")\n";
   }
   return 0;
 }

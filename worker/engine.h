@@ -75,6 +75,8 @@ class Engine {
   int attention_bits() const { return forward_->bf16_attention() ? 16 : 32; }
   // Whether the weights were repacked for the packed kernels (EngineOptions::repack_weights).
   bool repacked() const { return forward_->repacked(); }
+  // Bytes of the repacked copies of this rank's matrices (LlamaForward::packed_bytes).
+  int64_t packed_weight_bytes() const { return forward_->packed_bytes(); }
   // Names the model, shard layout and KV format: the root of block names (kvstore/block_hash.h).
   const std::string& cache_salt() const { return cache_salt_; }
 

@@ -67,6 +67,7 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
     int64_t bytes = 0;
     for (const kernels::WeightMatrix* w : mats) bytes += aligned(kernels::PackedBytes(*w));
     packed_ = util::HugePageRegion::Map(static_cast<size_t>(bytes));
+    packed_bytes_ = bytes;
     int64_t at = 0;
     for (kernels::WeightMatrix* w : mats) {
       const int64_t b = kernels::PackedBytes(*w);

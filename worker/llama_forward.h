@@ -79,6 +79,9 @@ class LlamaForward {
   bool eight_bit_activations() const { return eight_bit_; }
   // Whether any matrix was repacked (and so runs the packed kernels).
   bool repacked() const { return repacked_; }
+  // Bytes of this rank's repacked matrices (0 without repacking): memory on top of the mapped
+  // file's pages that the packed matrices' rows still use (kernels/packed.h).
+  int64_t packed_bytes() const { return packed_bytes_; }
   // Time inside this rank's TP collectives since construction.
   const CommStats& comm_stats() const { return comm_stats_; }
   // Wall time of Forward by phase since construction, counted while enabled.
@@ -117,6 +120,7 @@ class LlamaForward {
   const int64_t max_batch_;
   bool eight_bit_ = false;
   bool repacked_ = false;
+  int64_t packed_bytes_ = 0;
   bool bf16_attention_ = false;
   model::TpShard shard_;
   comm::Communicator* comm_ = nullptr;  // null: one rank

@@ -255,12 +255,14 @@ TEST(Cli, RealModelCommands) {
               j.at("isa") == "scalar");
   EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0.0);
   EXPECT_EQ(j.at("repacked").get<bool>(), kernels::PackedKernelIsFast());
+  EXPECT_EQ(j.at("packed_weight_bytes").get<int64_t>() > 0, kernels::PackedKernelIsFast());
   // --no-repack: the file's row-major weights; the same greedy answer on the real model.
   const Result rows =
       Kvmesh({"run", "--model", model, "--chat", "--prompt", "What is the capital of France?",
               "--temperature", "0", "--no-repack", "--json"});
   ASSERT_EQ(rows.code, 0) << rows.err;
   EXPECT_FALSE(nlohmann::json::parse(rows.out).at("repacked").get<bool>());
+  EXPECT_EQ(nlohmann::json::parse(rows.out).at("packed_weight_bytes").get<int64_t>(), 0);
   EXPECT_EQ(nlohmann::json::parse(rows.out).at("text"), "The capital of France is Paris.");
   const Result again = Kvmesh({"run", "--model", model, "--prompt", "Hello", "--max-tokens", "5",
                                "--temperature", "0.7", "--seed", "3", "--json"});

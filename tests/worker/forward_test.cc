@@ -394,6 +394,9 @@ TEST(KQuantModel, RepackedMatchesRowMajorEndToEnd) {
       auto e = Engine::Create(o);
       ASSERT_TRUE(e.ok()) << e.status();
       ASSERT_EQ((*e)->repacked(), repack);
+      // The packed copies take memory of their own (Q3_K's 10 bits a weight against the file's
+      // 3.44, ...), reported so that --no-repack can be chosen knowing it.
+      EXPECT_EQ((*e)->packed_weight_bytes() > 0, repack);
       engines[repack] = std::move(*e);
     }
     serving::ServingEngine packed(*engines[1], {}), rows(*engines[0], {});
