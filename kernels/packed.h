@@ -68,14 +68,15 @@ constexpr bool PacksForA8(DType t, ActBits bits) {
 
 // Whether a packed type stores its scales as fp32 (the K-quants, IQ4_XS), adds minimums (Q4_1,
 // Q4_K, Q5_K), scales each 16-element half of a block on its own (Q6_K, Q3_K), and has int8
-// quants (all but Q4_0, Q4_1 and Q4_K, whose are nibbles).
+// quants (all but Q4_0, Q4_1, Q4_K and Q3_K, whose are nibbles).
 // Q5_0 / Q5_1 pack as Q8_0 does, their values (Q5_0: q - 16; Q5_1: q, 0..31) as int8 quants,
 // with their fp16 scales (and Q5_1's fp16 minimums) where Q8_0 / Q4_1 keep theirs: 544 / 576
 // bytes a group-block, 8.5 / 9 bits a weight against the file's 5.5 / 6.
-// Q3_K packs as Q6_K (its values in [-4, 3], the scales d * (sc - 32)): 10 bits a weight against
-// 3.44. IQ4_NL packs as Q8_0 (its grid values kIq4Values as the quants, its fp16 scale): 8.5 bits
-// against 4.5. IQ4_XS as Q8_0's quants with an fp32 scale d * (ls - 32) a sub-block: 9 bits
-// against 4.25. Q2_K (a minimum per 16 elements) has no packed form.
+// Q3_K packs as Q4_0's nibbles with Q6_K's scales: its values in [-4, 3] stored as q + 4 (the
+// offset comes off as Q4_0's 8 does), an fp32 scale d * (sc - 32) per 16-element half: 6 bits a
+// weight against 3.44. IQ4_NL packs as Q8_0 (its grid values kIq4Values as the quants, its fp16
+// scale): 8.5 bits against 4.5. IQ4_XS as Q8_0's quants with an fp32 scale d * (ls - 32) a
+// sub-block: 9 bits against 4.25. Q2_K (a minimum per 16 elements) has no packed form.
 constexpr bool PackedScalesF32(DType t) {
   return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ3_K ||
          t == DType::kIQ4_XS;
@@ -86,7 +87,11 @@ constexpr bool PackedHasMins(DType t) {
 constexpr bool PackedHalfScales(DType t) { return t == DType::kQ6_K || t == DType::kQ3_K; }
 constexpr bool PackedBytesQuants(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kQ5_K ||
-         t == DType::kQ6_K || t == DType::kQ3_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
+         t == DType::kQ6_K || t == DType::kIQ4_NL || t == DType::kIQ4_XS;
+}
+// What a nibble type's stored values are above its integers (Q4_0: 8, Q3_K: 4; else 0).
+constexpr int PackedNibbleOffset(DType t) {
+  return t == DType::kQ4_0 ? 8 : (t == DType::kQ3_K ? 4 : 0);
 }
 
 // Bytes of a packed group-block's scales, before its quants: 16 of each scale (and minimum).

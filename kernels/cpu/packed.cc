@@ -33,8 +33,8 @@ void KSubBlock(const uint8_t* row, int64_t b, uint8_t* v, float* d, float* m) {
 static_assert(PackedGroupBlockBytes(DType::kQ4_0) == kPackRows * sizeof(BlockQ4_0));
 static_assert(PackedGroupBlockBytes(DType::kQ4_1) == kPackRows * sizeof(BlockQ4_1));
 static_assert(PackedGroupBlockBytes(DType::kQ8_0) == kPackRows * sizeof(BlockQ8_0));
-// 10, 8.5 and 9 bits a weight (kernels/packed.h).
-static_assert(PackedGroupBlockBytes(DType::kQ3_K) == 640);
+// 6, 8.5 and 9 bits a weight (kernels/packed.h).
+static_assert(PackedGroupBlockBytes(DType::kQ3_K) == 384);
 static_assert(PackedGroupBlockBytes(DType::kIQ4_NL) == 544);
 static_assert(PackedGroupBlockBytes(DType::kIQ4_XS) == 576);
 
@@ -100,7 +100,13 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
         KSubBlock<BlockQ5_K>(row, b, k_block + 2, &d, &m);
       } else if (t == DType::kQ6_K) {
         Q6KBlock(row, b, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
-      } else {  // Q3_K, IQ4_XS (whose halves share their sub-block's scale)
+      } else if (t == DType::kQ3_K) {  // the values plus 4 as Q4_0's nibbles: e low, e + 16 high
+        int8_t v[kQK];
+        SmallBlock(t, row, r, b, small, v, &d, &m);
+        for (int e = 0; e < 16; ++e) {
+          k_block[2 + e] = static_cast<uint8_t>((v[e] + 4) | (v[e + 16] + 4) << 4);
+        }
+      } else {  // IQ4_XS (whose halves share their sub-block's scale)
         SmallBlock(t, row, r, b, small, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
       }
       std::memcpy(dst + 4 * r, &d, 4);
@@ -156,11 +162,11 @@ int PackedElement(DType t, bool a8, const uint8_t* q, int r, int e) {
   if (PackedBytesQuants(t)) return static_cast<int8_t>(q[32 * (e / 2) + 2 * r + e % 2]);
   if (a8) {
     const int v = q[32 * (e / 4) + 4 * (r % 8) + e % 4] >> (r / 8 * 4) & 15;
-    return t == DType::kQ4_0 ? v - 8 : v;
+    return v - PackedNibbleOffset(t);
   }
   const uint8_t byte = q[32 * (e / 4) + 2 * r + e % 2];
   const int v = (e % 4 < 2) ? (byte & 15) : (byte >> 4);
-  return t == DType::kQ4_0 ? v - 8 : v;
+  return v - PackedNibbleOffset(t);
 }
 
 }  // namespace

@@ -241,13 +241,24 @@ PackedTypeTile<BlockA8> PackedKernels8(DType t) {
   return KernelFor<PackedTypeTile<BlockA8>, K, DType::kQ4_0, DType::kQ4_1>(t);
 }
 
-template <typename Block, PackedTypeTile<Block> (*KernelFor)(DType)>
+// An ISA's packed_tile (Block = BlockA16, K its Packed16) or packed_tile_a8 (BlockA8, Packed8)
+// entry: its kernel for the type, else the reference. K must be a class template in a namespace
+// named for its ISA file, not an anonymous one: GCC 12 emitted the AVX2 and AVX-512 files'
+// instantiations over their anonymous-namespace Packed16 as one weak symbol (both mangle the
+// namespace alike), and the linker kept one of them for both tables, so one ISA's kernels ran
+// under the other's name: the AVX-512 kernels in the AVX2 table of some binaries (illegal
+// instructions on an AVX2-only CPU), the AVX2 ones in the AVX-512 table of others.
+template <typename Block, template <DType> class K>
 void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block* a,
                        int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
                        const uint8_t* next_group) {
-  if (const PackedTypeTile<Block> k = KernelFor(type)) {
-    return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
+  PackedTypeTile<Block> k;
+  if constexpr (std::is_same_v<Block, BlockA8>) {
+    k = PackedKernels8<K>(type);
+  } else {
+    k = PackedKernels16<K>(type);
   }
+  if (k != nullptr) return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
   if constexpr (std::is_same_v<Block, BlockA8>) {
     PackedTileA8Reference(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
   } else {

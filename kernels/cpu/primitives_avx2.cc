@@ -700,11 +700,12 @@ KVMESH_AVX2_INLINE void Q8Step4(const uint8_t* q, const BlockA16* a0, int64_t st
   }
 }
 
-template <int... P>
+// Steps Base + P (the first of them writes the sums).
+template <int Base, int... P>
 KVMESH_AVX2_INLINE void Q4Steps4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                  const BlockA16* a3, __m256i mask, KVMESH_SUMS4_PARAMS,
                                  std::integer_sequence<int, P...>) {
-  (Q4Step4<P, P == 0>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS), ...);
+  (Q4Step4<Base + P, P == 0>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS), ...);
 }
 // Steps Base + K (the first of them writes the sums).
 template <int Base, int... K>
@@ -724,8 +725,8 @@ KVMESH_AVX2_INLINE __m256 PackedScales8(const uint8_t* blk, int half, bool secon
   return _mm256_cvtph_ps(Load16(blk + (second ? 32 : 0) + 16 * half));
 }
 
-// A block's int32 sums for 4 tokens, both halves of the rows (Q4_0: of the weights before their
-// -8). Half 0 / 1 (int8 quants only): the sums over elements 16 Half .. 16 Half + 15 alone.
+// A block's int32 sums for 4 tokens, both halves of the rows (nibbles: of the stored values,
+// before their offset). Half 0 / 1: the sums over elements 16 Half .. 16 Half + 15 alone.
 template <DType T, int Half = -1>
 KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_t st,
                                     const BlockA16* a3) {
@@ -734,9 +735,13 @@ KVMESH_AVX2_INLINE Sums4 BlockSums4(const uint8_t* q, const BlockA16* a0, int64_
     Q8Steps4<8 * Half>(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
   } else if constexpr (PackedBytesQuants(T)) {
     Q8Steps4<0>(q, a0, st, a3, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 16>{});
+  } else if constexpr (Half >= 0) {  // nibble chunks 4 Half .. 4 Half + 3
+    const __m256i mask = _mm256_set1_epi16(15);
+    Q4Steps4<4 * Half>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS,
+                       std::make_integer_sequence<int, 4>{});
   } else {
     const __m256i mask = _mm256_set1_epi16(15);
-    Q4Steps4(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
+    Q4Steps4<0>(q, a0, st, a3, mask, KVMESH_SUMS4_ARGS, std::make_integer_sequence<int, 8>{});
   }
   return {s00, s01, s02, s03, s10, s11, s12, s13};
 }
@@ -778,11 +783,21 @@ KVMESH_AVX2 void PackedGroup4(const uint8_t* group, int64_t nb, const BlockA16* 
     const BlockA16* ab[N];
     for (int t = 0; t < N; ++t) ab[t] = a + t * a_stride + b;
     const int64_t st = a_stride * static_cast<int64_t>(sizeof(BlockA16));
-    if constexpr (PackedHalfScales(T)) {  // Q6_K: each 16-element half with its scales
+    if constexpr (PackedHalfScales(T)) {  // Q6_K, Q3_K: each 16-element half with its scales
       for (int h = 0; h < 2; ++h) {
         const Sums4 u =
             h == 0 ? BlockSums4<T, 0>(q, ab[0], st, ab[3]) : BlockSums4<T, 1>(q, ab[0], st, ab[3]);
-        const __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
+        __m256i s0[N] = {u.s00, u.s01, u.s02, u.s03}, s1[N] = {u.s10, u.s11, u.s12, u.s13};
+        if constexpr (PackedNibbleOffset(T) != 0) {
+          // sum (w - off) a = sum w a - off * (the half's sum of a), exactly in int32.
+          for (int t = 0; t < N; ++t) {
+            int32_t half_sum = 0;
+            for (int e = 0; e < 16; ++e) half_sum += ab[t]->qs[16 * h + e];
+            const __m256i off = _mm256_set1_epi32(PackedNibbleOffset(T) * half_sum);
+            s0[t] = _mm256_sub_epi32(s0[t], off);
+            s1[t] = _mm256_sub_epi32(s1[t], off);
+          }
+        }
         AddScaled4(s0, s1, ab, PackedScales8<T>(blk, 0, h == 1), PackedScales8<T>(blk, 1, h == 1),
                    acc);
       }
@@ -858,13 +873,14 @@ KVMESH_AVX2 void PackedHalf(const uint8_t* group, int half, int64_t nb, const Bl
         const __m256i v = _mm256_cvtepu8_epi16(Load16(q + 32 * p));
         __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(15));
         __m256i hi = _mm256_srli_epi16(v, 4);
-        if constexpr (T == DType::kQ4_0) {
-          lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
-          hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+        if constexpr (PackedNibbleOffset(T) != 0) {
+          lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(PackedNibbleOffset(T)));
+          hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(PackedNibbleOffset(T)));
         }
         for (int t = 0; t < N; ++t) {
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(lo, Broadcast32(ab[t]->qs + 4 * p)));
-          s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(hi, Broadcast32(ab[t]->qs + 4 * p + 2)));
+          __m256i& sp = kHalves && p >= 4 ? s2[t] : s[t];  // Q3_K: elements 16..31 apart
+          sp = _mm256_add_epi32(sp, _mm256_madd_epi16(lo, Broadcast32(ab[t]->qs + 4 * p)));
+          sp = _mm256_add_epi32(sp, _mm256_madd_epi16(hi, Broadcast32(ab[t]->qs + 4 * p + 2)));
         }
       }
     }
@@ -1008,7 +1024,12 @@ KVMESH_AVX2 void PackedTileOf(const uint8_t* group, int64_t nb, const BlockA16* 
   }
 }
 
-// This ISA's packed kernels by type, for PackedKernels16 / PackedKernels8.
+}  // namespace
+
+// This ISA's packed kernels by type (PackedTileOfTypes), in a namespace of this file's own name:
+// a template instantiated with a class template from an anonymous namespace was merged with
+// the other ISA file's instantiation by GCC 12 (primitives.h).
+namespace avx2_table {
 template <DType T>
 struct Packed16 {
   static constexpr PackedTypeTile<BlockA16> kFn = PackedTileOf<T>;
@@ -1017,8 +1038,7 @@ template <DType T>
 struct Packed8 {
   static constexpr PackedTypeTile<BlockA8> kFn = PackedA8TileOf<T>;
 };
-
-}  // namespace
+}  // namespace avx2_table
 
 const Primitives& Avx2Primitives() {
   static const Primitives t{
@@ -1031,8 +1051,8 @@ const Primitives& Avx2Primitives() {
       .q5_0_a16 = ScalarPrimitives().q5_0_a16,
       .q5_1_a16 = ScalarPrimitives().q5_1_a16,
       .f32_f32 = DotF32F32,
-      .packed_tile = PackedTileOfTypes<BlockA16, PackedKernels16<Packed16>>,
-      .packed_tile_a8 = PackedTileOfTypes<BlockA8, PackedKernels8<Packed8>>,
+      .packed_tile = PackedTileOfTypes<BlockA16, avx2_table::Packed16>,
+      .packed_tile_a8 = PackedTileOfTypes<BlockA8, avx2_table::Packed8>,
       .quantize_a16 = QuantizeTo<BlockA16, 32767>,
       .quantize_a8 = QuantizeTo<BlockA8, 127>,
       .exp_shifted = ExpShifted,

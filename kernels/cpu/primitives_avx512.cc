@@ -265,15 +265,17 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
             _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p)));
         __m512i lo = _mm512_and_si512(v, _mm512_set1_epi16(15));
         __m512i hi = _mm512_srli_epi16(v, 4);
-        if constexpr (T == DType::kQ4_0) {
-          lo = _mm512_sub_epi16(lo, _mm512_set1_epi16(8));
-          hi = _mm512_sub_epi16(hi, _mm512_set1_epi16(8));
+        if constexpr (PackedNibbleOffset(T) != 0) {
+          lo = _mm512_sub_epi16(lo, _mm512_set1_epi16(PackedNibbleOffset(T)));
+          hi = _mm512_sub_epi16(hi, _mm512_set1_epi16(PackedNibbleOffset(T)));
         }
         for (int t = 0; t < N; ++t) {
-          s[t][(2 * p) % P] =
-              _mm512_dpwssd_epi32(s[t][(2 * p) % P], lo, Broadcast32(ab[t]->qs + 4 * p));
-          s[t][(2 * p + 1) % P] =
-              _mm512_dpwssd_epi32(s[t][(2 * p + 1) % P], hi, Broadcast32(ab[t]->qs + 4 * p + 2));
+          // Q3_K: elements 16..31 (p >= 4) sum apart, into s2.
+          auto& sp = kHalves && p >= 4 ? s2[t] : s[t];
+          sp[(2 * p) % P] =
+              _mm512_dpwssd_epi32(sp[(2 * p) % P], lo, Broadcast32(ab[t]->qs + 4 * p));
+          sp[(2 * p + 1) % P] =
+              _mm512_dpwssd_epi32(sp[(2 * p + 1) % P], hi, Broadcast32(ab[t]->qs + 4 * p + 2));
         }
       }
     }
@@ -1056,7 +1058,13 @@ bool HardwareBf16MatchesReference() {
   return std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0 &&
          std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)) == 0;
 }
-// This ISA's packed kernels by type, for PackedKernels16 / PackedKernels8.
+
+}  // namespace
+
+// This ISA's packed kernels by type (PackedTileOfTypes), in a namespace of this file's own name:
+// a template instantiated with a class template from an anonymous namespace was merged with
+// the other ISA file's instantiation by GCC 12 (primitives.h).
+namespace avx512_table {
 template <DType T>
 struct Packed16 {
   static constexpr PackedTypeTile<BlockA16> kFn = PackedTileOf<T>;
@@ -1065,8 +1073,7 @@ template <DType T>
 struct Packed8 {
   static constexpr PackedTypeTile<BlockA8> kFn = PackedA8TileOf<T>;
 };
-
-}  // namespace
+}  // namespace avx512_table
 
 const Primitives& Avx512Primitives() {
   static const Primitives t = [] {
@@ -1080,8 +1087,8 @@ const Primitives& Avx512Primitives() {
     d.q4_0_tile = Tile4x4<BlockQ4_0>;
     d.q4_1_tile = Tile4x4<BlockQ4_1>;
     d.q8_0_tile = Tile4x4<BlockQ8_0>;
-    d.packed_tile = PackedTileOfTypes<BlockA16, PackedKernels16<Packed16>>;
-    d.packed_tile_a8 = PackedTileOfTypes<BlockA8, PackedKernels8<Packed8>>;
+    d.packed_tile = PackedTileOfTypes<BlockA16, avx512_table::Packed16>;
+    d.packed_tile_a8 = PackedTileOfTypes<BlockA8, avx512_table::Packed8>;
     d.qk_t = QkT;
     d.qk_t_f16 = QkTF16;
     d.f16_to_f32_tile = F16ToF32Tile;
