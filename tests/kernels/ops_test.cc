@@ -320,6 +320,15 @@ void PackedMatMulCases(ActBits bits) {
   }
 }
 
+// Each ISA file's table points at its own packed kernels. (From 36c232b to the twenty-ninth
+// session GCC merged the AVX2 and AVX-512 files' instantiations into one symbol: the AVX-512
+// table ran the AVX2 kernels, and its bit-for-bit test compared those.)
+TEST(Packed, EachIsaTableHasItsOwnKernels) {
+  EXPECT_NE(cpu::Avx2Primitives().packed_tile, cpu::Avx512Primitives().packed_tile);
+  EXPECT_NE(cpu::Avx2Primitives().packed_tile_a8, cpu::Avx512Primitives().packed_tile_a8);
+  EXPECT_NE(cpu::Avx2Primitives().packed_tile, cpu::ScalarPrimitives().packed_tile);
+}
+
 // A column slice (rows strided by the full row, as a TP shard's O and down are) packs to the
 // same bytes as its rows copied out contiguously.
 TEST(Packed, ColumnSlicePacksLikeItsContiguousCopy) {
