@@ -142,9 +142,9 @@ BENCHMARK(BM_MatMulQ6_K)
     ->ArgsProduct({{4096}, {4096}, {1, 16}, {2}, {0, 1}, {1}})
     ->ArgsProduct({{4096}, {4096}, {1}, {2}, {0, 1}, {32}})
     ->UseRealTime();
-// Q3_K (Q3_K_M files; packed as Q6_K), IQ4_XS (packed as Q8_0's quants with fp32 scales) and its
-// fallback IQ4_NL (packed as Q8_0), and Q2_K (no packed form): row-major, each product
-// dequantises its rows once and runs fp32 dots.
+// Q3_K (Q3_K_M files; packed as Q4_0's nibbles with Q6_K's scales), IQ4_XS (packed as Q8_0's quants
+// with fp32 scales) and its fallback IQ4_NL (packed as Q8_0), and Q2_K (no packed form): row-major,
+// each product dequantises its rows once and runs fp32 dots.
 void BM_MatMulQ2_K(benchmark::State& st) { BM_MatMul<DType::kQ2_K>(st); }
 void BM_MatMulQ3_K(benchmark::State& st) { BM_MatMul<DType::kQ3_K>(st); }
 void BM_MatMulIQ4_NL(benchmark::State& st) { BM_MatMul<DType::kIQ4_NL>(st); }
