@@ -15,6 +15,15 @@ namespace {
 // Element e (0..31) of a Q4 block's nibbles: e < 16 low nibble of qs[e], else high of qs[e - 16].
 int Nibble(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >> 4; }
 
+// 32 values v[e] + offset (each 0..15) as a Q4 block's 16 bytes of nibbles (Nibble's layout: e
+// in the low nibble of byte e, e + 16 in its high one).
+template <typename V>
+void AsNibbles(const V* v, int offset, uint8_t* qs) {
+  for (int e = 0; e < kQK / 2; ++e) {
+    qs[e] = static_cast<uint8_t>((v[e] + offset) | (v[e + kQK / 2] + offset) << 4);
+  }
+}
+
 // Row r's sub-block b (32 elements) of a Q4_K or Q5_K row: its values in element order (Q4_K
 // 0..15; Q5_K 0..31, bit j of qh[l] the fifth bit of sub-block j's element l) and its scale
 // d * sc and minimum -dmin * m, exact in fp32.
@@ -95,7 +104,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       if (t == DType::kQ4_K) {  // the values as Q4_1's nibbles: e low, e + 16 high
         uint8_t v[kQK];
         KSubBlock<BlockQ4_K>(row, b, v, &d, &m);
-        for (int e = 0; e < 16; ++e) k_block[2 + e] = static_cast<uint8_t>(v[e] | v[e + 16] << 4);
+        AsNibbles(v, 0, k_block + 2);
       } else if (t == DType::kQ5_K) {  // the values as Q8_0's bytes
         KSubBlock<BlockQ5_K>(row, b, k_block + 2, &d, &m);
       } else if (t == DType::kQ6_K) {
@@ -103,9 +112,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
       } else if (t == DType::kQ3_K) {  // the values plus 4 as Q4_0's nibbles: e low, e + 16 high
         int8_t v[kQK];
         SmallBlock(t, row, r, b, small, v, &d, &m);
-        for (int e = 0; e < 16; ++e) {
-          k_block[2 + e] = static_cast<uint8_t>((v[e] + 4) | (v[e + 16] + 4) << 4);
-        }
+        AsNibbles(v, PackedNibbleOffset(t), k_block + 2);
       } else {  // IQ4_XS (whose halves share their sub-block's scale)
         SmallBlock(t, row, r, b, small, reinterpret_cast<int8_t*>(k_block + 2), &d, &m);
       }
@@ -126,8 +133,7 @@ void PackGroupBlock(DType t, bool a8, const uint8_t* rows, size_t row_bytes, int
         blk = k_block;
       } else if (t == DType::kIQ4_NL) {  // the grid values as Q8_0's bytes
         for (int e = 0; e < kQK; ++e) {
-          const uint8_t nib = e < 16 ? blk[2 + e] & 0xF : blk[2 + e - 16] >> 4;
-          k_block[2 + e] = static_cast<uint8_t>(kIq4Values[nib]);
+          k_block[2 + e] = static_cast<uint8_t>(kIq4Values[Nibble(blk + 2, e)]);
         }
         blk = k_block;
       }

@@ -222,7 +222,10 @@ template <typename Block>
 using PackedTypeTile = void (*)(const uint8_t* group, int64_t nb, const Block* a, int64_t a_stride,
                                 int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
 // An ISA's kernel (a pointer of type Fn) for one of the types Ts (K<T>::kFn, the kernel template
-// instantiated at T), null for any other type.
+// instantiated at T), null for any other type. K must be a class template in a namespace named
+// for its ISA file, not an anonymous one: GCC 12 mangles every file's anonymous namespace alike
+// and emits templates instantiated over such a K as weak symbols, so two files' instantiations
+// over same-named Ks became one (PackedTileOfTypes, below, in the twenty-eighth session).
 template <typename Fn, template <DType> class K, DType... Ts>
 Fn KernelFor(DType t) {
   Fn k = nullptr;
@@ -242,12 +245,11 @@ PackedTypeTile<BlockA8> PackedKernels8(DType t) {
 }
 
 // An ISA's packed_tile (Block = BlockA16, K its Packed16) or packed_tile_a8 (BlockA8, Packed8)
-// entry: its kernel for the type, else the reference. K must be a class template in a namespace
-// named for its ISA file, not an anonymous one: GCC 12 emitted the AVX2 and AVX-512 files'
-// instantiations over their anonymous-namespace Packed16 as one weak symbol (both mangle the
-// namespace alike), and the linker kept one of them for both tables, so one ISA's kernels ran
-// under the other's name: the AVX-512 kernels in the AVX2 table of some binaries (illegal
-// instructions on an AVX2-only CPU), the AVX2 ones in the AVX-512 table of others.
+// entry: its kernel for the type, else the reference. K as KernelFor's: with the AVX2 and
+// AVX-512 files' Packed16 in anonymous namespaces, the linker kept one instantiation for both
+// tables, so one ISA's kernels ran under the other's name (the AVX-512 kernels in the AVX2 table
+// of some binaries: illegal instructions on an AVX2-only CPU; the AVX2 ones in the AVX-512 table
+// of others).
 template <typename Block, template <DType> class K>
 void PackedTileOfTypes(DType type, const uint8_t* group, int64_t nb, const Block* a,
                        int64_t a_stride, int64_t tokens, float* out, int64_t ldo,

@@ -274,19 +274,26 @@ void AmxTileSplit(const uint8_t* group, int64_t nb, const BlockA16* a, const uin
 using SplitFn = void (*)(const uint8_t* group, int64_t nb, const BlockA16* a,
                          const uint8_t* a_split, const BlockA16Head* heads, int64_t a_stride,
                          int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group);
+}  // namespace
+
+// The tile kernels by type, in a namespace of this file's own name (KernelFor, primitives.h).
+namespace amx_table {
 template <DType T>
 struct AmxSplit {
   static constexpr SplitFn kFn = AmxTileSplit<T>;
 };
+}  // namespace amx_table
+
+namespace {
 
 void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const BlockA16* a,
                         const uint8_t* a_split, const BlockA16Head* heads, int64_t a_stride,
                         int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
   // Q6_K and Q3_K (two scales a block) keep the AVX-512 kernel: the tiles multiply 32 elements at
   // once.
-  const SplitFn k =
-      KernelFor<SplitFn, AmxSplit, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kIQ4_NL, DType::kIQ4_XS>(type);
+  const SplitFn k = KernelFor<SplitFn, amx_table::AmxSplit, DType::kQ4_0, DType::kQ4_1,
+                              DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                              DType::kIQ4_NL, DType::kIQ4_XS>(type);
   if (k != nullptr) return k(group, nb, a, a_split, heads, a_stride, tokens, out, ldo, next_group);
   Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
 }
