@@ -235,6 +235,130 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
   }
 }
 
+// Q4_0 / Q4_1 packed for 8-bit activations (kernels/packed.h): chunk p's byte 4j + e holds row
+// j's element 4p + e in its low nibble and row 8 + j's in its high one, so B row p is the chunk's
+// low nibbles (columns 0-7) then its high ones (columns 8-15).
+inline void WeightsAsBA8(const uint8_t* q, uint8_t* b) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  for (int p = 0; p < 8; ++p) {
+    const __m512i x =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * p)));
+    // The upper copy's 16-bit lanes shifted down a nibble, then both halves masked.
+    _mm512_store_si512(b + 64 * p,
+                       _mm512_and_si512(_mm512_mask_srli_epi16(x, 0xFFFF0000u, x, 4), mask));
+  }
+}
+
+// AmxPass for 8-bit activations: a block's int8 values are A as they are (no split, one tile
+// product and one store a block), so s is the block's exact dot product, VPMADDUBSW's sums
+// widened as PackedTileA8Reference takes them, and the fp32 steps are AmxPass's.
+template <DType T, int N>
+void AmxPassA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride, float* out,
+               int64_t ldo, const uint8_t* ahead) {
+  constexpr bool kMin = PackedHasMins(T), kOffset = T == DType::kQ4_0;
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  constexpr int64_t kScales = PackedScaleBytes(T);
+  alignas(64) uint8_t bt[3][8][64];
+  alignas(64) int32_t c[2][kTileTokens][16];  // [parity][token][row]
+  alignas(64) float min_sums[N][16];
+  auto block = [&](int t, int64_t b) __attribute__((always_inline))->const BlockA8& {
+    return a[t * a_stride + b];
+  };
+  if constexpr (kMin) {
+    __m512 mins[N];
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512 m = PackedScales<T>(group + b * kGroupBlock, true);
+#pragma GCC unroll 16
+      for (int t = 0; t < N; ++t) {
+        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(block(t, b).dsum), mins[t]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) _mm512_store_ps(min_sums[t], mins[t]);
+  }
+  __m512 acc[N];
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
+  Configure(N);
+  auto prepare = [&](int64_t b) __attribute__((always_inline)) {
+    if (ahead != nullptr) {
+      for (int64_t l = 0; l < kGroupBlock; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
+      }
+    }
+    WeightsAsBA8(group + b * kGroupBlock + kScales, &bt[b % 3][0][0]);
+  };
+  // Block b's product into C tile 0 (b even) or 5 (odd): A the tokens' int8 values, blocks
+  // a_stride apart.
+  auto issue = [&](int64_t b) __attribute__((always_inline)) {
+    _tile_loadd(2, a[b].qs, static_cast<int64_t>(sizeof(BlockA8)) * a_stride);
+    _tile_loadd(4, &bt[b % 3][0][0], 64);
+    if ((b & 1) == 0) {
+      _tile_zero(0);
+      _tile_dpbsud(0, 2, 4);
+    } else {
+      _tile_zero(5);
+      _tile_dpbsud(5, 2, 4);
+    }
+  };
+  auto store = [&](int64_t b) __attribute__((always_inline)) {
+    if ((b & 1) == 0) {
+      _tile_stored(0, &c[0][0][0], 64);
+    } else {
+      _tile_stored(5, &c[1][0][0], 64);
+    }
+  };
+  auto scale = [&](int64_t b) __attribute__((always_inline)) {
+    const int par = static_cast<int>(b & 1);
+    const __m512 dw = PackedScales<T>(group + b * kGroupBlock, false);
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) {
+      const BlockA8& ab = block(t, b);
+      __m512i s = _mm512_load_si512(c[par][t]);
+      if constexpr (kOffset) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * ab.sum));
+      acc[t] =
+          _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(ab.d)), dw, acc[t]);
+    }
+  };
+  // Iteration i: lay out block i + 2, multiply i + 1, store i, scale i - 1 (AmxPass's pipeline).
+  prepare(0);
+  if (nb > 1) prepare(1);
+  issue(0);
+  for (int64_t i = 0; i <= nb; ++i) {
+    if (i + 2 < nb) prepare(i + 2);
+    if (i + 1 < nb) issue(i + 1);
+    if (i < nb) store(i);
+    if (i >= 1) scale(i - 1);
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) {
+    _mm512_storeu_ps(out + t * ldo,
+                     kMin ? _mm512_add_ps(acc[t], _mm512_load_ps(min_sums[t])) : acc[t]);
+  }
+}
+
+template <DType T>
+void AmxTileA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride,
+               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
+  using Pass = void (*)(const uint8_t*, int64_t, const BlockA8*, int64_t, float*, int64_t,
+                        const uint8_t*);
+  static constexpr Pass kPass[kTileTokens - kTileMinTokens + 1] = {
+      AmxPassA8<T, 8>,  AmxPassA8<T, 9>,  AmxPassA8<T, 10>, AmxPassA8<T, 11>, AmxPassA8<T, 12>,
+      AmxPassA8<T, 13>, AmxPassA8<T, 14>, AmxPassA8<T, 15>, AmxPassA8<T, 16>};
+  int64_t t = 0;
+  for (; tokens - t >= kTileMinTokens; t += kTileTokens) {
+    const int64_t n = std::min<int64_t>(kTileTokens, tokens - t);
+    kPass[n - kTileMinTokens](group, nb, a + t * a_stride, a_stride, out + t * ldo, ldo,
+                              t == 0 ? next_group : nullptr);
+  }
+  if (t < tokens) {
+    Avx512Primitives().packed_tile_a8(T, group, nb, a + t * a_stride, a_stride, tokens - t,
+                                      out + t * ldo, ldo, t == 0 ? next_group : nullptr);
+  }
+}
+
 // Block i of a's 32 values as 64 bytes at out + 64 i: their low bytes (qs byte 2e), then their
 // high bytes (qs byte 2e + 1); its scales at heads[i].
 void SplitA16(const BlockA16* a, int64_t blocks, uint8_t* out, BlockA16Head* heads) {
@@ -282,6 +406,10 @@ template <DType T>
 struct AmxSplit {
   static constexpr SplitFn kFn = AmxTileSplit<T>;
 };
+template <DType T>
+struct AmxA8 {
+  static constexpr PackedTypeTile<BlockA8> kFn = AmxTileA8<T>;
+};
 }  // namespace amx_table
 
 namespace {
@@ -296,6 +424,16 @@ void PackedTileSplitAmx(DType type, const uint8_t* group, int64_t nb, const Bloc
                               DType::kIQ4_NL, DType::kIQ4_XS>(type);
   if (k != nullptr) return k(group, nb, a, a_split, heads, a_stride, tokens, out, ldo, next_group);
   Avx512Primitives().packed_tile(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
+}
+
+void PackedTileA8Amx(DType type, const uint8_t* group, int64_t nb, const BlockA8* a,
+                     int64_t a_stride, int64_t tokens, float* out, int64_t ldo,
+                     const uint8_t* next_group) {
+  const auto k = PackedKernels8<amx_table::AmxA8>(type);
+  if (k != nullptr && tokens >= kTileMinTokens) {
+    return k(group, nb, a, a_stride, tokens, out, ldo, next_group);
+  }
+  Avx512Primitives().packed_tile_a8(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
 }
 
 }  // namespace
@@ -327,6 +465,7 @@ const Primitives& AmxPrimitives() {
     Primitives d = Avx512Primitives();
     d.split_a16 = SplitA16;
     d.packed_tile_split = PackedTileSplitAmx;
+    d.packed_tile_a8 = PackedTileA8Amx;
     return d;
   }();
   return t;
