@@ -1,4 +1,4 @@
-// The AMX table: the AVX-512 table with the 16-bit packed products run on AMX tiles.
+// The AMX table: the AVX-512 table with the packed products run on AMX tiles.
 //
 // A packed group-block (16 rows x 32 elements, kernels/packed.h) against 16 tokens is one tile
 // product with K = 32: C[token, row] = sum_e A[token, e] * B[e, row]. AMX multiplies bytes, and
@@ -19,6 +19,11 @@
 // scales its registers. Products of fewer than kTileMinTokens tokens, and tails under it, run
 // the AVX-512 kernel (the tile work does not pay for itself there); so does
 // packed_tile, which callers use only without split rows.
+//
+// Q4_0 / Q4_1 packed for 8-bit activations (packed_tile_a8) run a pass of the same shape
+// (AmxPassA8; the minimums, the pipeline and the stores shared) on the int8 values as they are:
+// one product and one C tile a block instead of two, B laid out from the 8-bit packing's
+// nibbles (WeightsAsBA8), the same scaling (PackedTileA8Reference's bits).
 // GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -117,6 +122,53 @@ inline __m512 PackedScales(const uint8_t* blk, bool minimum) {
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (minimum ? 32 : 0))));
 }
 
+// Q4_1's minimums of N tokens over a group, each token's in block order:
+// min_sums[t] = sum over b of the group-block's minimums times dsum(t, b).
+template <DType T, int N, typename Dsum>
+__attribute__((always_inline)) inline void MinSums(const uint8_t* group, int64_t nb,
+                                                   const Dsum& dsum, float (&min_sums)[N][16]) {
+  constexpr int64_t kGroupBlock = PackedGroupBlockBytes(T);
+  __m512 mins[N];
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 m = PackedScales<T>(group + b * kGroupBlock, true);
+#pragma GCC unroll 16
+    for (int t = 0; t < N; ++t) mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(dsum(t, b)), mins[t]);
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) _mm512_store_ps(min_sums[t], mins[t]);
+}
+
+// The passes' software pipeline over nb blocks. Iteration i: lay out block i + 2, multiply
+// i + 1, store i, scale i - 1.
+template <typename Prepare, typename Issue, typename Store, typename Scale>
+__attribute__((always_inline)) inline void Pipeline(int64_t nb, const Prepare& prepare,
+                                                    const Issue& issue, const Store& store,
+                                                    const Scale& scale) {
+  prepare(0);
+  if (nb > 1) prepare(1);
+  issue(0);
+  for (int64_t i = 0; i <= nb; ++i) {
+    if (i + 2 < nb) prepare(i + 2);
+    if (i + 1 < nb) issue(i + 1);
+    if (i < nb) store(i);
+    if (i >= 1) scale(i - 1);
+  }
+}
+
+// out[t] = acc[t] (+ the minimums' sums) for N tokens.
+template <int N, bool kMin>
+__attribute__((always_inline)) inline void StoreOut(const __m512 (&acc)[N],
+                                                    const float (&min_sums)[N][16], float* out,
+                                                    int64_t ldo) {
+#pragma GCC unroll 16
+  for (int t = 0; t < N; ++t) {
+    _mm512_storeu_ps(out + t * ldo,
+                     kMin ? _mm512_add_ps(acc[t], _mm512_load_ps(min_sums[t])) : acc[t]);
+  }
+}
+
 // N (kTileMinTokens..16) tokens against one group; see the file comment. Software-pipelined:
 // block b + 1's tile products are issued before block b's C tiles are scaled, so the tile unit
 // and the vector units work at once (C tiles and buffers alternate between even and odd blocks).
@@ -135,18 +187,8 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
     return heads[t * a_stride + b];
   };
   if constexpr (kMin) {
-    __m512 mins[N];
-#pragma GCC unroll 16
-    for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m512 m = PackedScales<T>(group + b * kGroupBlock, true);
-#pragma GCC unroll 16
-      for (int t = 0; t < N; ++t) {
-        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(head(t, b).dsum), mins[t]);
-      }
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < N; ++t) _mm512_store_ps(min_sums[t], mins[t]);
+    MinSums<T, N>(
+        group, nb, [&](int t, int64_t b) { return head(t, b).dsum; }, min_sums);
   }
   __m512 acc[N];
 #pragma GCC unroll 16
@@ -218,21 +260,8 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
           _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(ab.d)), dw, acc[t]);
     }
   };
-  // Iteration i: lay out block i + 2, multiply i + 1, store i, scale i - 1.
-  prepare(0);
-  if (nb > 1) prepare(1);
-  issue(0);
-  for (int64_t i = 0; i <= nb; ++i) {
-    if (i + 2 < nb) prepare(i + 2);
-    if (i + 1 < nb) issue(i + 1);
-    if (i < nb) store(i);
-    if (i >= 1) scale(i - 1);
-  }
-#pragma GCC unroll 16
-  for (int t = 0; t < N; ++t) {
-    _mm512_storeu_ps(out + t * ldo,
-                     kMin ? _mm512_add_ps(acc[t], _mm512_load_ps(min_sums[t])) : acc[t]);
-  }
+  Pipeline(nb, prepare, issue, store, scale);
+  StoreOut<N, kMin>(acc, min_sums, out, ldo);
 }
 
 // Q4_0 / Q4_1 packed for 8-bit activations (kernels/packed.h): chunk p's byte 4j + e holds row
@@ -265,18 +294,8 @@ void AmxPassA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_str
     return a[t * a_stride + b];
   };
   if constexpr (kMin) {
-    __m512 mins[N];
-#pragma GCC unroll 16
-    for (int t = 0; t < N; ++t) mins[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m512 m = PackedScales<T>(group + b * kGroupBlock, true);
-#pragma GCC unroll 16
-      for (int t = 0; t < N; ++t) {
-        mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(block(t, b).dsum), mins[t]);
-      }
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < N; ++t) _mm512_store_ps(min_sums[t], mins[t]);
+    MinSums<T, N>(
+        group, nb, [&](int t, int64_t b) { return block(t, b).dsum; }, min_sums);
   }
   __m512 acc[N];
 #pragma GCC unroll 16
@@ -322,28 +341,15 @@ void AmxPassA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_str
           _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(ab.d)), dw, acc[t]);
     }
   };
-  // Iteration i: lay out block i + 2, multiply i + 1, store i, scale i - 1 (AmxPass's pipeline).
-  prepare(0);
-  if (nb > 1) prepare(1);
-  issue(0);
-  for (int64_t i = 0; i <= nb; ++i) {
-    if (i + 2 < nb) prepare(i + 2);
-    if (i + 1 < nb) issue(i + 1);
-    if (i < nb) store(i);
-    if (i >= 1) scale(i - 1);
-  }
-#pragma GCC unroll 16
-  for (int t = 0; t < N; ++t) {
-    _mm512_storeu_ps(out + t * ldo,
-                     kMin ? _mm512_add_ps(acc[t], _mm512_load_ps(min_sums[t])) : acc[t]);
-  }
+  Pipeline(nb, prepare, issue, store, scale);
+  StoreOut<N, kMin>(acc, min_sums, out, ldo);
 }
 
 template <DType T>
-void AmxTileA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride,
-               int64_t tokens, float* out, int64_t ldo, const uint8_t* next_group) {
-  using Pass = void (*)(const uint8_t*, int64_t, const BlockA8*, int64_t, float*, int64_t,
-                        const uint8_t*);
+void AmxTileA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_stride, int64_t tokens,
+               float* out, int64_t ldo, const uint8_t* next_group) {
+  using Pass =
+      void (*)(const uint8_t*, int64_t, const BlockA8*, int64_t, float*, int64_t, const uint8_t*);
   static constexpr Pass kPass[kTileTokens - kTileMinTokens + 1] = {
       AmxPassA8<T, 8>,  AmxPassA8<T, 9>,  AmxPassA8<T, 10>, AmxPassA8<T, 11>, AmxPassA8<T, 12>,
       AmxPassA8<T, 13>, AmxPassA8<T, 14>, AmxPassA8<T, 15>, AmxPassA8<T, 16>};
