@@ -53,17 +53,20 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols) {
   } else if (t == DType::kQ6_K) {
     auto* blk = reinterpret_cast<BlockQ6_K*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ6_K); ++i) blk[i].d = FloatToFp16(0.001f);
-  } else if (t == DType::kQ2_K || t == DType::kQ3_K) {  // d (and Q2_K's dmin) end the block
-    const int64_t bb = TraitsOf(t).block_bytes, at = t == DType::kQ2_K ? 80 : 108;
-    const uint16_t d = FloatToFp16(0.001f);
-    for (size_t i = 0; i < w.size(); i += bb) {
-      std::memcpy(&w[i + at], &d, 2);
-      if (t == DType::kQ2_K) std::memcpy(&w[i + at + 2], &d, 2);
+  } else if (t == DType::kQ2_K) {
+    auto* blk = reinterpret_cast<BlockQ2_K*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ2_K); ++i) {
+      blk[i].d = blk[i].dmin = FloatToFp16(0.001f);
     }
-  } else if (t == DType::kIQ4_NL || t == DType::kIQ4_XS) {  // d leads the block
-    const int64_t bb = TraitsOf(t).block_bytes;
-    const uint16_t d = FloatToFp16(0.0001f);
-    for (size_t i = 0; i < w.size(); i += bb) std::memcpy(&w[i], &d, 2);
+  } else if (t == DType::kQ3_K) {
+    auto* blk = reinterpret_cast<BlockQ3_K*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockQ3_K); ++i) blk[i].d = FloatToFp16(0.001f);
+  } else if (t == DType::kIQ4_NL) {
+    auto* blk = reinterpret_cast<BlockIQ4_NL*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockIQ4_NL); ++i) blk[i].d = FloatToFp16(0.0001f);
+  } else if (t == DType::kIQ4_XS) {
+    auto* blk = reinterpret_cast<BlockIQ4_XS*>(w.data());
+    for (size_t i = 0; i < w.size() / sizeof(BlockIQ4_XS); ++i) blk[i].d = FloatToFp16(0.0001f);
   } else {  // Q8_0
     auto* blk = reinterpret_cast<BlockQ8_0*>(w.data());
     for (size_t i = 0; i < w.size() / sizeof(BlockQ8_0); ++i) blk[i].d = FloatToFp16(0.01f);

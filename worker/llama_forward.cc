@@ -78,7 +78,6 @@ LlamaForward::LlamaForward(const model::LlamaModel& model, kernels::ThreadPool& 
       *w = kernels::PackWeights(*w, dst, &pool, act_bits);
       at += aligned(b);
       eight_bit_ |= w->packed_a8;
-      repacked_ = true;
       // Fully packed: its plain pages are not read again (they would refault if they were).
       // A tied output matrix is the token embedding, whose rows the lookup reads: keep those.
       if (w->packed_rows == w->rows &&

@@ -78,7 +78,7 @@ class LlamaForward {
   // Whether any product runs against 8-bit activations (asked for, and this ISA packs).
   bool eight_bit_activations() const { return eight_bit_; }
   // Whether any matrix was repacked (and so runs the packed kernels).
-  bool repacked() const { return repacked_; }
+  bool repacked() const { return packed_bytes_ > 0; }
   // Bytes of this rank's repacked matrices (0 without repacking): memory on top of the mapped
   // file's pages that the packed matrices' rows still use (kernels/packed.h).
   int64_t packed_bytes() const { return packed_bytes_; }
@@ -119,7 +119,6 @@ class LlamaForward {
   kernels::ThreadPool& pool_;
   const int64_t max_batch_;
   bool eight_bit_ = false;
-  bool repacked_ = false;
   int64_t packed_bytes_ = 0;
   bool bf16_attention_ = false;
   model::TpShard shard_;

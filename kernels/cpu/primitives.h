@@ -33,6 +33,14 @@ inline void AskAll(Ahead* a) {
   if (a != nullptr) a->All();
 }
 
+// Asks for bytes [at, at + n) of the next packed group (null: none), a line at a time, into L1.
+// Always inlined: as a call it made the kernels around it save and restore their accumulators
+// every block (the 16-bit product at 16 tokens from memory took 1.6x as long).
+__attribute__((always_inline)) inline void AskAhead(const uint8_t* ahead, int64_t at, int64_t n) {
+  if (ahead == nullptr) return;
+  for (int64_t l = 0; l < n; l += 64) __builtin_prefetch(ahead + at + l);
+}
+
 // Fewest tokens a product runs on tiles (packed_tile_split) where the table has them.
 inline constexpr int64_t kTileMinTokens = 8;
 

@@ -198,11 +198,7 @@ void AmxPass(const uint8_t* group, int64_t nb, const uint8_t* a_split, const Blo
   // does not take data from the store buffer, so it waits for the stores to reach L1.
   auto prepare = [&](int64_t b) __attribute__((always_inline)) {
     const int buf = static_cast<int>(b % 3);
-    if (ahead != nullptr) {
-      for (int64_t l = 0; l < kGroupBlock; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
-      }
-    }
+    AskAhead(ahead, b * kGroupBlock, kGroupBlock);
     WeightsAsB<T>(group + b * kGroupBlock + kScales, &bt[buf][0][0]);
   };
   // Issues block b's products into C tiles 0 / 1 (b even) or 5 / 6 (odd).
@@ -302,11 +298,7 @@ void AmxPassA8(const uint8_t* group, int64_t nb, const BlockA8* a, int64_t a_str
   for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
   Configure(N);
   auto prepare = [&](int64_t b) __attribute__((always_inline)) {
-    if (ahead != nullptr) {
-      for (int64_t l = 0; l < kGroupBlock; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * kGroupBlock + l), _MM_HINT_T0);
-      }
-    }
+    AskAhead(ahead, b * kGroupBlock, kGroupBlock);
     WeightsAsBA8(group + b * kGroupBlock + kScales, &bt[b % 3][0][0]);
   };
   // Block b's product into C tile 0 (b even) or 5 (odd): A the tokens' int8 values, blocks

@@ -205,17 +205,6 @@ KVMESH_AVX512 inline __m512i Broadcast32(const int16_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Asks for bytes [at, at + n) of the next group (null: none), a line at a time. Always inlined:
-// as a call it made the kernels around it save and restore their accumulators every block (the
-// 16-bit product at 16 tokens from memory took 1.6x as long).
-__attribute__((always_inline)) KVMESH_AVX512 inline void AskAhead(const uint8_t* ahead, int64_t at,
-                                                                  int64_t n) {
-  if (ahead == nullptr) return;
-  for (int64_t l = 0; l < n; l += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + at + l), _MM_HINT_T0);
-  }
-}
-
 // A packed group-block's 16 scales, or (second) its 16 minimums or second half's scales, as
 // fp32 (kernels/packed.h).
 template <DType T>
