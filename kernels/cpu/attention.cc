@@ -155,8 +155,7 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
   const int64_t stride = 2 + d;
   float chunk_max[kMaxGroup], sums[kMaxGroup];
   if (kv.kpairs != nullptr) {
-    ahead->All();
-    p.qk_bf16(qp, group, d, kv.kpairs, a.block_size, n, scores, kKeyChunk, chunk_max);
+    p.qk_bf16(qp, group, d, kv.kpairs, a.block_size, n, scores, kKeyChunk, chunk_max, ahead);
   } else if (kv.kt != nullptr) {
     ahead->All();
     p.qk_t(q, group, d, kv.kt, kKeyChunk, n, a.scale, scores, kKeyChunk, chunk_max);
@@ -191,14 +190,13 @@ void AttendHeads(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
   if (kv.vpairs == nullptr) {
     return p.pv_f16(scores, kKeyChunk, group, d, kv.vrows, n, rec + 2, stride, ahead);
   }
-  ahead->All();
   uint32_t weights[kMaxGroup * kKeyChunk / 2];  // bf16 pairs, a zero after an odd n
   auto* w = reinterpret_cast<uint16_t*>(weights);
   for (int64_t g = 0; g < group; ++g) {
     p.to_bf16(scores + g * kKeyChunk, w + g * kKeyChunk, n);
     if (n % 2 != 0) w[g * kKeyChunk + n] = 0;
   }
-  p.pv_bf16(weights, kKeyChunk / 2, group, d, kv.vpairs, n, rec + 2, stride);
+  p.pv_bf16(weights, kKeyChunk / 2, group, d, kv.vpairs, n, rec + 2, stride, ahead);
 }
 
 // AttendHeads for any number of heads, in passes of kMaxGroup (each head's arithmetic is its
@@ -490,7 +488,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
     thread_local util::AlignedVector<float> scores, kt, pair_q, pair_rec;
     thread_local std::vector<uint32_t> pair_qp;
     // A call's query heads: one row's group, or several rows' up to pair_heads.
-    scores.resize(static_cast<size_t>(std::max(group, p.pair_heads) * kKeyChunk));
+    scores.resize(
+        static_cast<size_t>(std::max({group, p.pair_heads, p.pair_heads_bf16}) * kKeyChunk));
     kt.resize(static_cast<size_t>(kKeyChunk * d));
     Run runs_a[kKeyChunk + 1], runs_b[kKeyChunk + 1];  // this chunk's and the next one's
     const void* lines[kMaxLines];
@@ -546,7 +545,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         // the records copied back at its end. Each head's arithmetic is its own, so the bits are
         // those of one row at a time.
         const int64_t hn = heads_of(kvh0).second - heads_of(kvh0).first;
-        const int64_t rows_per_call = hn > 0 ? p.pair_heads / hn : 0;
+        const int64_t rows_per_call = hn > 0 ? (bf16 ? p.pair_heads_bf16 : p.pair_heads) / hn : 0;
         const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && rows_per_call >= 2;
         if (pairs) {
           pair_q.resize(static_cast<size_t>(task.n_rows * hn * d));

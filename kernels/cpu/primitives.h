@@ -148,23 +148,31 @@ struct Primitives {
   int64_t pair_heads = 0;
   // bf16 attention (opt-in: PagedAttentionArgs::bf16), over a cache that holds bf16 pairs
   // (kernels/ops.h). Operands are bf16 (Bf16Of below), held as pairs in a uint32 (element 2i in
-  // the low half, 2i + 1 in the high half); products are exact in fp32, and each pair is added to
-  // its fp32 sum as acc = (acc + x1 * y1) + x0 * y0, the order of VDPBF16PS on the hardware this
-  // was written on (AMD Zen 5; the AVX-512 table checks the order at start-up and keeps the
-  // scalar entries if its hardware differs). Every table's entries give the same bits.
-  // qk_bf16: scores[g * ss + j] = sum over dim pairs i < d / 2 of qp[g * d / 2 + i] and key j's
-  //   dims 2i, 2i + 1 at groups[j / 16][i * pair_stride + j % 16], from 0 in pair order;
-  //   row_max[g] = their most over j < n. Groups are read whole (16 readable keys per pair).
-  // pv_bf16: o[g * os + i] += sum over key pairs jp < (n + 1) / 2 of pp[g * pps + jp] (the
-  //   weights of keys 2jp, 2jp + 1) and pairs[jp][i] (their V elements i), in pair order. For an
-  //   odd n the last pair's second key is read as zero (its weight must be zero too).
+  // the low half, 2i + 1 in the high half); products are exact in fp32. Sums run in groups of
+  // kBf16Group pairs, as an AMX TDPBF16PS sums one tile product (measured to the bit on an
+  // AMX-BF16 CPU): per group, the low elements' products are summed from 0 by fused
+  // multiply-adds in pair order, the high elements' likewise, the two sums are added, and that
+  // is added to the running fp32 sum. Every table's entries give the same bits, so each call may
+  // take tiles or vectors by its size (the AMX table does).
+  // qk_bf16: scores[g * ss + j] = that sum, from 0, over dim pairs i < d / 2 of qp[g * d / 2 + i]
+  //   and key j's dims 2i, 2i + 1 at groups[j / 16][i * pair_stride + j % 16]; row_max[g] =
+  //   their most over j < n. Groups are read whole (16 readable keys per pair).
+  // pv_bf16: o[g * os + i] += that sum over key pairs jp < (n + 1) / 2 of pp[g * pps + jp] (the
+  //   weights of keys 2jp, 2jp + 1) and pairs[jp][i] (their V elements i), o's value first (a
+  //   subnormal one read as zero). For an odd n the last pair's second key is read as zero (its
+  //   weight must be zero too).
+  // Both ask for the lines in *ahead (may be null) a few per step of their loops, the rest at
+  // their end (as qk_t_f16 / pv_f16).
   void (*qk_bf16)(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
-                  int64_t pair_stride, int64_t n, float* scores, int64_t ss,
-                  float* row_max) = nullptr;
+                  int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max,
+                  Ahead* ahead) = nullptr;
   void (*pv_bf16)(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
-                  const uint32_t* const* pairs, int64_t n, float* o, int64_t os) = nullptr;
+                  const uint32_t* const* pairs, int64_t n, float* o, int64_t os,
+                  Ahead* ahead) = nullptr;
   // dst[i] = Bf16Of(src[i]).
   void (*to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  // pair_heads for qk_bf16 / pv_bf16 (0: never several rows in one call).
+  int64_t pair_heads_bf16 = 0;
   // dst[i] = float(fp16 src[i]) (exact).
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   // The same over a 2-D tile: dst[r * dst_stride + c] = float(src[r * src_stride + c]).
@@ -190,6 +198,9 @@ constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace vexp
 
+// Pairs per group of the bf16 sums (qk_bf16 / pv_bf16): one TDPBF16PS's depth (a 64-byte row).
+constexpr int64_t kBf16Group = 16;
+
 // x rounded to bf16, to nearest even; a NaN stays a (quiet) NaN; magnitudes below 2^-60 become
 // (signed) zero, so that no product of two operands (|x| >= 2^-60 or an fp16 value) and no sum of
 // such products is ever subnormal: the hardware's flush of subnormals then never applies.
@@ -210,9 +221,11 @@ inline float Bf16ToFloat(uint16_t h) {
 
 // The bf16 entries in plain C++ (the scalar table's; the reference for the AVX-512 ones).
 void GenericQkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
-                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max);
+                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max,
+                   Ahead* ahead = nullptr);
 void GenericPvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
-                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os);
+                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os,
+                   Ahead* ahead = nullptr);
 void GenericToBf16(const float* src, uint16_t* dst, int64_t n);
 
 // PackedTile in plain C++ (the scalar table's entry; the reference for the vector kernels).
@@ -284,6 +297,8 @@ const Primitives& Avx512Primitives();
 // the tile state (asked for on the first call).
 const Primitives& AmxPrimitives();
 bool AmxUsable();
+// AmxUsable() and the CPU has AMX-BF16 (the AMX table's bf16 attention then runs on tiles).
+bool AmxBf16Usable();
 // The table of the active ISA.
 const Primitives& Prims();
 

@@ -44,10 +44,10 @@
 // the detection and the table after it run on any CPU.
 // clang-format off
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8,amx-bf16"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c,fma,amx-tile,amx-int8,amx-bf16")
 #endif
 // clang-format on
 
@@ -66,10 +66,15 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Loads the tile configuration for `tokens` A / C rows unless this thread's is already it (the
-// configuration is per thread and survives context switches; nothing else here loads one).
+// Which configuration this thread's tiles hold (it is per thread and survives context switches;
+// nothing else here loads one): the products' (tokens, 1-16) or bf16 attention's (kBf16Key + the
+// last group's rows).
+thread_local int t_configured = 0;
+constexpr int kBf16Key = 64;
+
+// Loads the tile configuration for `tokens` A / C rows unless this thread's is already it.
 void Configure(int tokens) {
-  thread_local int configured = 0;
+  int& configured = t_configured;
   if (configured == tokens) return;
   TileConfig c;
   c.colsb[0] = c.colsb[1] = 64;  // C: tokens x 16 int32
@@ -434,6 +439,185 @@ void PackedTileA8Amx(DType type, const uint8_t* group, int64_t nb, const BlockA8
   Avx512Primitives().packed_tile_a8(type, group, nb, a, a_stride, tokens, out, ldo, next_group);
 }
 
+// bf16 attention on tiles (primitives.h qk_bf16 / pv_bf16: one TDPBF16PS sums a group of
+// kBf16Group pairs exactly as the reference does, so the bits are every table's). Heads go in
+// groups of 16 A / C rows, the last with `tail` rows: tiles 0 / 1 a full group's A / C, 2 / 3 the
+// last group's, 4 / 5 B (16 pair rows of 16 columns, one per k step).
+void ConfigureBf16(int tail) {
+  if (t_configured == kBf16Key + tail) return;
+  TileConfig c;
+  for (int t = 0; t < 6; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  c.rows[2] = c.rows[3] = static_cast<uint8_t>(tail);
+  __asm__ volatile("" : : "m"(c) : "memory");  // as in Configure
+  _tile_loadconfig(&c);
+  t_configured = kBf16Key + tail;
+}
+
+// Calls below this many heads take the AVX-512 entries (a tile product costs about as much for
+// a few rows as for 16; the vectors' are the same bits).
+constexpr int64_t kBf16TileMinHeads = 6;
+// The lines ahead are asked for spread evenly over a call's steps (a group of heads over 16
+// keys, or over 16 dims): a burst of them at once stalls on the core's miss buffers (as one at
+// the call's start or end: ~7-30% of these kernels' samples on the prefetches).
+inline int64_t LinesPerStep(const Ahead& a, int64_t steps) { return (a.n + steps - 1) / steps; }
+
+// q.k, head dim 64: per 16 keys, both k steps' B once, then each group of heads.
+void QkBf16Amx(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* kp, int64_t kps,
+               int64_t n, float* scores, int64_t ss, float* row_max, Ahead* ahead) {
+  if (G < kBf16TileMinHeads || d != 64) {
+    return Avx512Primitives().qk_bf16(qp, G, d, kp, kps, n, scores, ss, row_max, ahead);
+  }
+  Ahead none;
+  Ahead& ask = ahead != nullptr ? *ahead : none;
+  constexpr int64_t dp = 32;
+  const int64_t full = G / 16, tail = G % 16;
+  ConfigureBf16(tail == 0 ? 16 : static_cast<int>(tail));
+  alignas(64) float part[16 * 16];  // a partial last block's scores, before the masked copy
+  const int64_t per_step = LinesPerStep(ask, (n + 15) / 16 * (full + (tail > 0)));
+  for (int64_t c = 0; c * 16 < n; ++c) {
+    const bool whole = n - 16 * c >= 16;
+    _tile_loadd(4, kp[c], kps * 4);
+    _tile_loadd(5, kp[c] + 16 * kps, kps * 4);
+    for (int64_t m = 0; m < full; ++m) {
+      for (int64_t l = 0; l < per_step; ++l) ask.One();
+      const uint32_t* a = qp + m * 16 * dp;
+      _tile_zero(1);
+      _tile_loadd(0, a, dp * 4);
+      _tile_dpbf16ps(1, 0, 4);
+      _tile_loadd(0, a + 16, dp * 4);
+      _tile_dpbf16ps(1, 0, 5);
+      if (whole) {
+        _tile_stored(1, scores + m * 16 * ss + 16 * c, ss * 4);
+      } else {
+        _tile_stored(1, part, 64);
+        const __mmask16 mask = static_cast<__mmask16>((1u << (n - 16 * c)) - 1);
+        for (int r = 0; r < 16; ++r) {
+          _mm512_mask_storeu_ps(scores + (m * 16 + r) * ss + 16 * c, mask,
+                                _mm512_load_ps(part + 16 * r));
+        }
+      }
+    }
+    if (tail > 0) {
+      for (int64_t l = 0; l < per_step; ++l) ask.One();
+      const uint32_t* a = qp + full * 16 * dp;
+      _tile_zero(3);
+      _tile_loadd(2, a, dp * 4);
+      _tile_dpbf16ps(3, 2, 4);
+      _tile_loadd(2, a + 16, dp * 4);
+      _tile_dpbf16ps(3, 2, 5);
+      if (whole) {
+        _tile_stored(3, scores + full * 16 * ss + 16 * c, ss * 4);
+      } else {
+        _tile_stored(3, part, 64);
+        const __mmask16 mask = static_cast<__mmask16>((1u << (n - 16 * c)) - 1);
+        for (int64_t r = 0; r < tail; ++r) {
+          _mm512_mask_storeu_ps(scores + (full * 16 + r) * ss + 16 * c, mask,
+                                _mm512_load_ps(part + 16 * r));
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; j += 16) {
+      const int64_t left = n - j;
+      const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+      mx = _mm512_mask_max_ps(mx, mask, mx, _mm512_maskz_loadu_ps(mask, scores + g * ss + j));
+    }
+    row_max[g] = _mm512_reduce_max_ps(mx);
+  }
+  ask.All();
+}
+
+// p.v, head dim 64, at most 64 keys: V's pair rows staged contiguous as B (16 pair rows per k
+// step; past the last pair zero, an odd n's last second key zero), the weights too when a k step
+// is partial (pairs past the last zero: the stale ones might be anything).
+void PvBf16Amx(const uint32_t* pp, int64_t pps, int64_t G, int64_t d, const uint32_t* const* vp,
+               int64_t n, float* o, int64_t os, Ahead* ahead) {
+  if (G < kBf16TileMinHeads || d != 64 || n > 64) {
+    return Avx512Primitives().pv_bf16(pp, pps, G, d, vp, n, o, os, ahead);
+  }
+  Ahead none;
+  Ahead& ask = ahead != nullptr ? *ahead : none;
+  constexpr int64_t dv = 64;
+  const int64_t n_pairs = (n + 1) / 2, steps = (n_pairs + 15) / 16;
+  alignas(64) uint32_t vb[32 * dv];
+  for (int64_t jp = 0; jp < 16 * steps; ++jp) {
+    for (int c = 0; c < dv / 16; ++c) {
+      __m512i v = _mm512_setzero_si512();
+      if (jp < n_pairs) {
+        v = _mm512_loadu_si512(vp[jp] + 16 * c);
+        if (2 * jp + 1 >= n) v = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF));
+      }
+      _mm512_store_si512(vb + jp * dv + 16 * c, v);
+    }
+  }
+  alignas(64) uint32_t ab[64 * 32];  // the weights, zero-padded, when n_pairs % 16 != 0
+  const uint32_t* a = pp;
+  int64_t as = pps;
+  if (n_pairs % 16 != 0) {
+    const __mmask16 keep = static_cast<__mmask16>((1u << (n_pairs % 16)) - 1);
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t k = 0; k < steps; ++k) {
+        const __mmask16 m = k + 1 < steps ? static_cast<__mmask16>(0xFFFF) : keep;
+        _mm512_store_si512(ab + g * 32 + 16 * k,
+                           _mm512_maskz_loadu_epi32(m, pp + g * pps + 16 * k));
+      }
+    }
+    a = ab;
+    as = 32;
+  }
+  for (int64_t g = 0; g < G; ++g) {  // the tiles' reading of a subnormal C, made explicit
+    for (int c = 0; c < dv / 16; ++c) {
+      float* x = o + g * os + 16 * c;
+      const __m512 v = _mm512_loadu_ps(x);
+      const __mmask16 sub = _mm512_fpclass_ps_mask(v, 0x20);
+      if (sub != 0) {
+        _mm512_storeu_ps(
+            x, _mm512_mask_mov_ps(
+                   v, sub,
+                   _mm512_castsi512_ps(_mm512_and_si512(
+                       _mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0x80000000u))))));
+      }
+    }
+  }
+  const int64_t full = G / 16, tail = G % 16;
+  ConfigureBf16(tail == 0 ? 16 : static_cast<int>(tail));
+  const int64_t per_step = LinesPerStep(ask, dv / 16 * (full + (tail > 0)));
+  for (int64_t s = 0; s < dv / 16; ++s) {
+    _tile_loadd(4, vb + 16 * s, dv * 4);
+    if (steps > 1) _tile_loadd(5, vb + 16 * dv + 16 * s, dv * 4);
+    for (int64_t m = 0; m < full; ++m) {
+      for (int64_t l = 0; l < per_step; ++l) ask.One();
+      float* c = o + m * 16 * os + 16 * s;
+      _tile_loadd(1, c, os * 4);
+      _tile_loadd(0, a + m * 16 * as, as * 4);
+      _tile_dpbf16ps(1, 0, 4);
+      if (steps > 1) {
+        _tile_loadd(0, a + m * 16 * as + 16, as * 4);
+        _tile_dpbf16ps(1, 0, 5);
+      }
+      _tile_stored(1, c, os * 4);
+    }
+    if (tail > 0) {
+      for (int64_t l = 0; l < per_step; ++l) ask.One();
+      float* c = o + full * 16 * os + 16 * s;
+      _tile_loadd(3, c, os * 4);
+      _tile_loadd(2, a + full * 16 * as, as * 4);
+      _tile_dpbf16ps(3, 2, 4);
+      if (steps > 1) {
+        _tile_loadd(2, a + full * 16 * as + 16, as * 4);
+        _tile_dpbf16ps(3, 2, 5);
+      }
+      _tile_stored(3, c, os * 4);
+    }
+  }
+  ask.All();
+}
+
 }  // namespace
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -458,12 +642,23 @@ bool AmxUsable() {
   return usable;
 }
 
+bool AmxBf16Usable() {
+  unsigned a, b, c, d;
+  // AMX-BF16: CPUID 7.0 EDX bit 22 (the tile state itself: AmxUsable).
+  return AmxUsable() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) != 0;
+}
+
 const Primitives& AmxPrimitives() {
   static const Primitives t = [] {
     Primitives d = Avx512Primitives();
     d.split_a16 = SplitA16;
     d.packed_tile_split = PackedTileSplitAmx;
     d.packed_tile_a8 = PackedTileA8Amx;
+    if (AmxBf16Usable()) {
+      d.qk_bf16 = QkBf16Amx;
+      d.pv_bf16 = PvBf16Amx;
+      d.pair_heads_bf16 = 48;  // 16 rows of 3 query heads (SmolLM2's): three full groups of 16
+    }
     return d;
   }();
   return t;

@@ -864,188 +864,188 @@ KVMESH_AVX512 void ToBf16(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = Bf16Of(src[i]);
 }
 
-#define KVMESH_AVX512_BF16 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
-
-// acc += the bf16 pairs' products (VDPBF16PS). As inline asm: with the intrinsic, GCC 12 kept a
-// copy of every accumulator on the stack, a store per instruction (twice the time in p.v).
-KVMESH_AVX512_BF16 inline __m512 DotPairs(__m512 acc, __m512i x, __m512i y) {
-  __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
-  return acc;
+// bf16 pairs as fp32 vectors: the low elements (x << 16) and the high ones (x's high halves).
+KVMESH_AVX512 inline __m512 PairLo(__m512i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+KVMESH_AVX512 inline __m512 PairHi(__m512i x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-// q.k over bf16 pairs: GN heads x VN vectors of 16 keys of accumulators in registers, each dim
-// pair's K vectors loaded once for all heads (QkTile's shape at half the instructions).
-template <int GN, int VN>
-KVMESH_AVX512_BF16 void QkBf16Tile(const uint32_t* qp, int64_t dp, const uint32_t* const* kg,
-                                   int64_t kps, int64_t n, float* scores, int64_t ss,
-                                   float* row_max) {
-  __m512 acc[GN][VN];
-  for (int g = 0; g < GN; ++g) {
-    for (int c = 0; c < VN; ++c) acc[g][c] = _mm512_setzero_ps();
+// n bf16 values (pairs read as 2n elements) as floats.
+KVMESH_AVX512 void Bf16ToFloats(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i h =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
   }
-  for (int64_t i = 0; i < dp; ++i) {
-    __m512i ki[VN];
-    for (int c = 0; c < VN; ++c) ki[c] = _mm512_loadu_si512(kg[c] + i * kps);
+  for (; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+}
+
+KVMESH_AVX512 inline __mmask16 KeysMask(int64_t m) {
+  return static_cast<__mmask16>(m >= 16 ? 0xFFFF : m <= 0 ? 0 : (1u << m) - 1);
+}
+
+// q.k over bf16 pairs in the tiles' order (primitives.h) with fused multiply-adds: GN heads x VN
+// vectors of 16 keys, each group's low and high sums in registers (24 for 6 x 2), added into the
+// scores (from 0) at the group's end. qf: head g's elements as floats at qf[g * 2 * dp + e].
+template <int GN, int VN>
+KVMESH_AVX512 void QkBf16Tile(const float* qf, int64_t dp, const uint32_t* const* kg, int64_t kps,
+                              int64_t n, float* scores, int64_t ss, float* row_max, Ahead& ahead) {
+  Ahead a = ahead;  // in registers for the loop
+  __mmask16 mask[VN];
+  for (int c = 0; c < VN; ++c) mask[c] = KeysMask(n - 16 * c);
+  for (int64_t i0 = 0; i0 < dp; i0 += kBf16Group) {
+    const int64_t i1 = std::min(dp, i0 + kBf16Group);
+    __m512 ev[GN][VN], od[GN][VN];
     for (int g = 0; g < GN; ++g) {
-      const __m512i qv = _mm512_set1_epi32(static_cast<int>(qp[g * dp + i]));
-      for (int c = 0; c < VN; ++c) acc[g][c] = DotPairs(acc[g][c], qv, ki[c]);
+      for (int c = 0; c < VN; ++c) ev[g][c] = od[g][c] = _mm512_setzero_ps();
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      a.One();  // one line of those ahead per dim pair
+      __m512 klo[VN], khi[VN];
+      for (int c = 0; c < VN; ++c) {
+        const __m512i k = _mm512_loadu_si512(kg[c] + i * kps);
+        klo[c] = InRegister(PairLo(k));
+        khi[c] = InRegister(PairHi(k));
+      }
+      for (int g = 0; g < GN; ++g) {
+        const __m512 ql = _mm512_set1_ps(qf[g * 2 * dp + 2 * i]);
+        const __m512 qh = _mm512_set1_ps(qf[g * 2 * dp + 2 * i + 1]);
+        for (int c = 0; c < VN; ++c) {
+          ev[g][c] = _mm512_fmadd_ps(ql, klo[c], ev[g][c]);
+          od[g][c] = _mm512_fmadd_ps(qh, khi[c], od[g][c]);
+        }
+      }
+    }
+    for (int g = 0; g < GN; ++g) {
+      for (int c = 0; c < VN; ++c) {
+        float* out = scores + g * ss + 16 * c;
+        const __m512 prev = i0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[c], out);
+        _mm512_mask_storeu_ps(out, mask[c], _mm512_add_ps(prev, _mm512_add_ps(ev[g][c], od[g][c])));
+      }
     }
   }
   for (int g = 0; g < GN; ++g) {
     __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int c = 0; c < VN; ++c) {
-      const int64_t m = std::min<int64_t>(16, n - 16 * c);
-      const auto mask = static_cast<__mmask16>(m >= 16 ? 0xFFFF : (1u << m) - 1);
-      _mm512_mask_storeu_ps(scores + g * ss + 16 * c, mask, acc[g][c]);
-      mx = _mm512_mask_max_ps(mx, mask, mx, acc[g][c]);
+      mx = _mm512_mask_max_ps(mx, mask[c], mx,
+                              _mm512_maskz_loadu_ps(mask[c], scores + g * ss + 16 * c));
     }
     row_max[g] = std::max(row_max[g], _mm512_reduce_max_ps(mx));
   }
+  ahead = a;
 }
 
-template <int GN>
-KVMESH_AVX512_BF16 void QkBf16Vn(int vn, const uint32_t* qp, int64_t dp, const uint32_t* const* kp,
-                                 int64_t kps, int64_t n, float* scores, int64_t ss, float* mx) {
-  switch (vn) {
-    case 1:
-      return QkBf16Tile<GN, 1>(qp, dp, kp, kps, n, scores, ss, mx);
-    case 2:
-      return QkBf16Tile<GN, 2>(qp, dp, kp, kps, n, scores, ss, mx);
-    case 3:
-      return QkBf16Tile<GN, 3>(qp, dp, kp, kps, n, scores, ss, mx);
-    default:
-      return QkBf16Tile<GN, 4>(qp, dp, kp, kps, n, scores, ss, mx);
-  }
-}
+constexpr int64_t kBf16MaxD = 256;  // larger head dims run the scalar entries
 
-KVMESH_AVX512_BF16 void QkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* kp,
-                               int64_t kps, int64_t n, float* scores, int64_t ss, float* row_max) {
+KVMESH_AVX512 void QkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* kp,
+                          int64_t kps, int64_t n, float* scores, int64_t ss, float* row_max,
+                          Ahead* ahead) {
+  if (d > kBf16MaxD) return GenericQkBf16(qp, G, d, kp, kps, n, scores, ss, row_max, ahead);
+  Ahead none;
+  Ahead& a = ahead != nullptr ? *ahead : none;
   const int64_t dp = d / 2;
   for (int64_t g = 0; g < G; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
+  alignas(64) float qf[kMaxG * kBf16MaxD];
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
-    const uint32_t* q = qp + g0 * dp;
-    for (int64_t j0 = 0; j0 < n; j0 += 64) {
-      const int vn = static_cast<int>(std::min<int64_t>(4, (n - j0 + 15) / 16));
+    Bf16ToFloats(reinterpret_cast<const uint16_t*>(qp + g0 * dp), qf, gn * 2 * dp);
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
       float* out = scores + g0 * ss + j0;
       float* mx = row_max + g0;
-      switch (gn) {
-        case 1:
-          QkBf16Vn<1>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
-        case 2:
-          QkBf16Vn<2>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
-        case 3:
-          QkBf16Vn<3>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
-        case 4:
-          QkBf16Vn<4>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
-        case 5:
-          QkBf16Vn<5>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
-        default:
-          QkBf16Vn<6>(vn, q, dp, kp + j0 / 16, kps, n - j0, out, ss, mx);
-          break;
+      WithCount<1, kMaxG>(gn, [&]<int GN>() KVMESH_AVX512 {
+        if (n - j0 > 16) {
+          QkBf16Tile<GN, 2>(qf, dp, kp + j0 / 16, kps, n - j0, out, ss, mx, a);
+        } else {
+          QkBf16Tile<GN, 1>(qf, dp, kp + j0 / 16, kps, n - j0, out, ss, mx, a);
+        }
+      });
+    }
+  }
+  a.All();
+}
+
+// p.v over bf16 pairs of keys in the tiles' order (primitives.h) with fused multiply-adds: GN
+// heads x 2 vectors of 16 dims (from vector c0), each group's low and high sums in registers,
+// added into o at the group's end. wf: head g's weights as floats at wf[g * wfs + key]. An odd
+// n's last pair has its second key's V read as zero (a stale slot may hold anything).
+template <int GN>
+KVMESH_AVX512 void PvBf16G(const float* wf, int64_t wfs, const uint32_t* const* vp, int64_t n,
+                           float* o, int64_t os, int c0, Ahead& ahead) {
+  const int64_t n_pairs = (n + 1) / 2;
+  Ahead a = ahead;  // in registers for the loop
+  for (int64_t j0 = 0; j0 < n_pairs; j0 += kBf16Group) {
+    const int64_t j1 = std::min(n_pairs, j0 + kBf16Group);
+    __m512 ev[GN][2], od[GN][2];
+    for (int g = 0; g < GN; ++g) ev[g][0] = ev[g][1] = od[g][0] = od[g][1] = _mm512_setzero_ps();
+    for (int64_t jp = j0; jp < j1; ++jp) {
+      a.One();  // one line of those ahead per key pair
+      const __m512i keep = _mm512_set1_epi32(static_cast<int>(2 * jp + 1 < n ? 0xFFFF0000u : 0u));
+      __m512 vlo[2], vhi[2];
+      for (int c = 0; c < 2; ++c) {
+        const __m512i v = _mm512_loadu_si512(vp[jp] + 16 * (c0 + c));
+        vlo[c] = InRegister(PairLo(v));
+        vhi[c] = InRegister(_mm512_castsi512_ps(_mm512_and_si512(v, keep)));
+      }
+      for (int g = 0; g < GN; ++g) {
+        const __m512 wl = _mm512_set1_ps(wf[g * wfs + 2 * jp]);
+        const __m512 wh = _mm512_set1_ps(wf[g * wfs + 2 * jp + 1]);
+        for (int c = 0; c < 2; ++c) {
+          ev[g][c] = _mm512_fmadd_ps(wl, vlo[c], ev[g][c]);
+          od[g][c] = _mm512_fmadd_ps(wh, vhi[c], od[g][c]);
+        }
+      }
+    }
+    for (int g = 0; g < GN; ++g) {
+      for (int c = 0; c < 2; ++c) {
+        float* out = o + g * os + 16 * (c0 + c);
+        _mm512_storeu_ps(out,
+                         _mm512_add_ps(_mm512_loadu_ps(out), _mm512_add_ps(ev[g][c], od[g][c])));
       }
     }
   }
+  ahead = a;
 }
 
-// p.v over bf16 pairs of keys: G heads x 64 dims of accumulators in registers. An odd n's last
-// pair is loaded with its second key's halves zeroed.
-template <int G>
-KVMESH_AVX512_BF16 void PvBf16G(const uint32_t* pp, int64_t pps, const uint32_t* const* vp,
-                                int64_t n, float* o, int64_t os) {
-  __m512 acc[G][4];
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_loadu_ps(o + g * os + 16 * c);
-  }
-  // The whole pairs, then an odd n's last (written out twice: one loop with a mask chosen per
-  // pair made GCC 12 store every accumulator to the stack on each pass).
-  for (int64_t jp = 0; jp < n / 2; ++jp) {
-    __m512i vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_si512(vp[jp] + 16 * c);
-    for (int g = 0; g < G; ++g) {
-      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[g * pps + jp]));
-      for (int c = 0; c < 4; ++c) acc[g][c] = DotPairs(acc[g][c], w, vv[c]);
+// A subnormal accumulator read as zero, its sign kept (the tiles read C so).
+KVMESH_AVX512 void FlushSubnormal(float* o, int64_t n) {
+  int64_t i = 0;
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(o + i);
+    const __mmask16 sub = _mm512_fpclass_ps_mask(x, 0x20);
+    if (sub != 0) {
+      _mm512_storeu_ps(
+          o + i, _mm512_mask_mov_ps(
+                     x, sub, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), sign))));
     }
   }
-  if (n % 2 != 0) {
-    const int64_t jp = n / 2;
-    __m512i vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = _mm512_maskz_loadu_epi16(0x55555555u, vp[jp] + 16 * c);
-    for (int g = 0; g < G; ++g) {
-      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[g * pps + jp]));
-      for (int c = 0; c < 4; ++c) acc[g][c] = DotPairs(acc[g][c], w, vv[c]);
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(o + g * os + 16 * c, acc[g][c]);
+  for (; i < n; ++i) {
+    if (std::fpclassify(o[i]) == FP_SUBNORMAL) o[i] = std::copysign(0.0f, o[i]);
   }
 }
 
-KVMESH_AVX512_BF16 void PvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
-                               const uint32_t* const* vp, int64_t n, float* o, int64_t os) {
-  if (d != 64) return GenericPvBf16(pp, pps, G, d, vp, n, o, os);
+KVMESH_AVX512 void PvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
+                          const uint32_t* const* vp, int64_t n, float* o, int64_t os,
+                          Ahead* ahead) {
+  if (d % 32 != 0 || n > 64) return GenericPvBf16(pp, pps, G, d, vp, n, o, os, ahead);
+  Ahead none;
+  Ahead& a = ahead != nullptr ? *ahead : none;
+  const int64_t n_pairs = (n + 1) / 2;
+  alignas(64) float wf[kMaxG * 64];
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG, pp += kMaxG * pps, o += kMaxG * os) {
-    switch (std::min(kMaxG, G - g0)) {
-      case 1:
-        PvBf16G<1>(pp, pps, vp, n, o, os);
-        break;
-      case 2:
-        PvBf16G<2>(pp, pps, vp, n, o, os);
-        break;
-      case 3:
-        PvBf16G<3>(pp, pps, vp, n, o, os);
-        break;
-      case 4:
-        PvBf16G<4>(pp, pps, vp, n, o, os);
-        break;
-      case 5:
-        PvBf16G<5>(pp, pps, vp, n, o, os);
-        break;
-      default:
-        PvBf16G<6>(pp, pps, vp, n, o, os);
-        break;
+    const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
+    for (int64_t g = 0; g < gn; ++g) {
+      Bf16ToFloats(reinterpret_cast<const uint16_t*>(pp + g * pps), wf + g * 64, 2 * n_pairs);
+      FlushSubnormal(o + g * os, d);
     }
+    WithCount<1, kMaxG>(gn, [&]<int GN>() KVMESH_AVX512 {
+      for (int c0 = 0; c0 < d / 16; c0 += 2) PvBf16G<GN>(wf, 64, vp, n, o, os, c0, a);
+    });
   }
-}
-
-// Whether this CPU has VDPBF16PS (CPUID 7.1 EAX bit 5) and it adds a pair in the order the
-// reference does (primitives.h): random operands, the kernels against the scalar entries.
-bool HardwareBf16MatchesReference() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
-  uint32_t rng = 12345;
-  auto next = [&] {
-    rng = rng * 1664525u + 1013904223u;
-    return rng;
-  };
-  auto operand = [&] {  // a bf16 pair of normal values with varied exponents
-    auto one = [&] { return ((next() >> 8) & 0x807Fu) | ((112u + (next() >> 24) % 32u) << 7); };
-    return one() | one() << 16;
-  };
-  constexpr int64_t G = 6, d = 64, n = 63;  // an odd n: the last pair's masked load too
-  std::vector<uint32_t> qp(G * d / 2), kp(d / 2 * 64), pp(G * 32), vp(32 * d);
-  for (auto* v : {&qp, &kp, &pp, &vp}) {
-    for (auto& x : *v) x = operand();
-  }
-  for (int64_t g = 0; g < G; ++g) pp[g * 32 + 31] &= 0xFFFFu;  // key 63's weight: zero
-  const uint32_t* groups[4];
-  for (int c = 0; c < 4; ++c) groups[c] = kp.data() + 16 * c;
-  const uint32_t* pairs[32];
-  for (int jp = 0; jp < 32; ++jp) pairs[jp] = vp.data() + jp * d;
-  std::vector<float> s1(G * n), s2(G * n), o1(G * d, 0.5f), o2(G * d, 0.5f);
-  float m1[G], m2[G];
-  QkBf16(qp.data(), G, d, groups, 64, n, s1.data(), n, m1);
-  GenericQkBf16(qp.data(), G, d, groups, 64, n, s2.data(), n, m2);
-  PvBf16(pp.data(), 32, G, d, pairs, n, o1.data(), d);
-  GenericPvBf16(pp.data(), 32, G, d, pairs, n, o2.data(), d);
-  return std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0 &&
-         std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)) == 0;
+  a.All();
 }
 
 }  // namespace
@@ -1090,10 +1090,9 @@ const Primitives& Avx512Primitives() {
     d.to_bf16 = ToBf16;
     d.argmax = ArgMax;
     d.silu_mul = SiluMul;
-    if (HardwareBf16MatchesReference()) {
-      d.qk_bf16 = QkBf16;
-      d.pv_bf16 = PvBf16;
-    }
+    d.qk_bf16 = QkBf16;
+    d.pv_bf16 = PvBf16;
+    d.pair_heads_bf16 = kWideG;
     return d;
   }();
   return t;

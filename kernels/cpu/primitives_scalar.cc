@@ -254,22 +254,37 @@ void GenericPvF16(const Primitives& p, const float* pr, int64_t ps, int64_t G, i
 }
 
 namespace {
-// One pair's two exact products added to acc, odd element first (primitives.h).
-inline float AddPair(float acc, uint32_t x, uint32_t y) {
-  acc += Bf16ToFloat(static_cast<uint16_t>(x >> 16)) * Bf16ToFloat(static_cast<uint16_t>(y >> 16));
-  return acc + Bf16ToFloat(static_cast<uint16_t>(x)) * Bf16ToFloat(static_cast<uint16_t>(y));
+inline float Lo(uint32_t x) { return Bf16ToFloat(static_cast<uint16_t>(x)); }
+inline float Hi(uint32_t x) { return Bf16ToFloat(static_cast<uint16_t>(x >> 16)); }
+// One group of up to kBf16Group pairs (primitives.h): the low elements' products summed from 0
+// by fused multiply-adds in pair order, the high elements' likewise, and the two sums added.
+// x(i), y(i) give pair i's operands.
+template <typename X, typename Y>
+inline float GroupSum(int64_t pairs, const X& x, const Y& y) {
+  float even = 0.0f, odd = 0.0f;
+  for (int64_t i = 0; i < pairs; ++i) {
+    even = std::fma(Lo(x(i)), Lo(y(i)), even);
+    odd = std::fma(Hi(x(i)), Hi(y(i)), odd);
+  }
+  return even + odd;
 }
 }  // namespace
 
 void GenericQkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* groups,
-                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max) {
+                   int64_t pair_stride, int64_t n, float* scores, int64_t ss, float* row_max,
+                   Ahead* ahead) {
+  AskAll(ahead);
   const int64_t dp = d / 2;
   for (int64_t g = 0; g < G; ++g) {
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
       const uint32_t* k = groups[j / 16] + j % 16;
       float s = 0.0f;
-      for (int64_t i = 0; i < dp; ++i) s = AddPair(s, qp[g * dp + i], k[i * pair_stride]);
+      for (int64_t i0 = 0; i0 < dp; i0 += kBf16Group) {
+        s += GroupSum(
+            std::min(kBf16Group, dp - i0), [&](int64_t i) { return qp[g * dp + i0 + i]; },
+            [&](int64_t i) { return k[(i0 + i) * pair_stride]; });
+      }
       scores[g * ss + j] = s;
       mx = std::max(mx, s);
     }
@@ -278,16 +293,21 @@ void GenericQkBf16(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* con
 }
 
 void GenericPvBf16(const uint32_t* pp, int64_t pps, int64_t G, int64_t d,
-                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os) {
+                   const uint32_t* const* pairs, int64_t n, float* o, int64_t os, Ahead* ahead) {
+  AskAll(ahead);
   const int64_t n_pairs = (n + 1) / 2;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t i = 0; i < d; ++i) {
       float acc = o[g * os + i];
-      // VDPBF16PS reads a subnormal accumulator as zero (a record rescaled by a tiny factor).
+      // The tiles read a subnormal accumulator as zero (a record rescaled by a tiny factor).
       if (std::fpclassify(acc) == FP_SUBNORMAL) acc = std::copysign(0.0f, acc);
-      for (int64_t jp = 0; jp < n_pairs; ++jp) {
-        const uint32_t v = 2 * jp + 1 < n ? pairs[jp][i] : pairs[jp][i] & 0xFFFFu;
-        acc = AddPair(acc, pp[g * pps + jp], v);
+      for (int64_t j0 = 0; j0 < n_pairs; j0 += kBf16Group) {
+        acc += GroupSum(
+            std::min(kBf16Group, n_pairs - j0), [&](int64_t jp) { return pp[g * pps + j0 + jp]; },
+            [&](int64_t jp) {
+              const uint32_t v = pairs[j0 + jp][i];
+              return 2 * (j0 + jp) + 1 < n ? v : v & 0xFFFFu;
+            });
       }
       o[g * os + i] = acc;
     }

@@ -722,8 +722,9 @@ TEST(Bf16, RoundsToNearestEvenFlushesTinyAndKeepsNaN) {
   EXPECT_EQ(cpu::Bf16Of(std::numeric_limits<float>::infinity()), 0x7F80);
 }
 
-// qk_bf16 / pv_bf16 of every table against the scalar entries, bit for bit (with AVX-512 BF16:
-// the VDPBF16PS kernels), over any head count and odd and even key counts.
+// qk_bf16 / pv_bf16 of every table against the scalar entries, bit for bit (AVX-512: fused
+// multiply-adds in the tiles' order; AMX-BF16: the tiles, from 6 heads, in full groups of 16 and
+// a last partial one), over any head count and odd and even key counts.
 TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
   const auto& p = cpu::Prims();
   constexpr int64_t d = 64, kMax = 64;
@@ -735,15 +736,15 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       out[i] = cpu::Bf16Of(lo[i]) | static_cast<uint32_t>(cpu::Bf16Of(hi[i])) << 16;
     return out;
   };
-  for (int64_t G : {1, 3, 6, 7, 12}) {
-    for (int64_t n : {1, 2, 15, 16, 33, 63, 64}) {
+  for (int64_t G : {1, 3, 6, 7, 12, 16, 19, 48}) {
+    for (int64_t n : {1, 2, 15, 16, 31, 32, 33, 63, 64}) {
       // K: 4 groups of 16 keys, each [d / 2][16] inside a 16-slot block (pair stride 16).
       const auto kp = pairs_of(4 * d / 2 * 16, 1.0f);
       const uint32_t* groups[4];
       for (int c = 0; c < 4; ++c) groups[c] = kp.data() + c * d / 2 * 16;
       const auto qp = pairs_of(G * d / 2, 0.2f);
       std::vector<float> s1(G * kMax, 7.0f), s2 = s1, m1(G), m2(G);
-      p.qk_bf16(qp.data(), G, d, groups, 16, n, s1.data(), kMax, m1.data());
+      p.qk_bf16(qp.data(), G, d, groups, 16, n, s1.data(), kMax, m1.data(), nullptr);
       cpu::GenericQkBf16(qp.data(), G, d, groups, 16, n, s2.data(), kMax, m2.data());
       ASSERT_EQ(s1, s2) << "qk_bf16, G " << G << " n " << n;
       ASSERT_EQ(m1, m2) << "qk_bf16 maximum, G " << G << " n " << n;
@@ -761,7 +762,7 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       const auto o0 = Randn(G * (d + 2), rng());
       std::vector<float> o1 = o0, o2 = o0;
       o1[2] = o2[2] = 1e-40f;  // a subnormal accumulator reads as zero
-      p.pv_bf16(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2);
+      p.pv_bf16(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2, nullptr);
       cpu::GenericPvBf16(pp.data(), kMax / 2, G, d, rows, n, o2.data() + 2, d + 2);
       ASSERT_EQ(o1, o2) << "pv_bf16, G " << G << " n " << n;
     }
@@ -786,15 +787,16 @@ TEST_P(IsaTest, Bf16ConversionMatchesReference) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], cpu::Bf16Of(x[i])) << "element " << i;
 }
 
-// Where the CPU has AVX-512 BF16, the AVX-512 table runs VDPBF16PS (its start-up check that the
-// instruction adds a pair in the reference's order passed), not the scalar emulation.
-TEST(Bf16, HardwareKernelsInUseWhereTheCpuHasThem) {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool has = DetectedIsa() >= Isa::kAvx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
-                   (a & (1u << 5)) != 0;
-  if (!has) GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+// The AVX-512 table has its own bf16 entries (not the scalar ones), and where the CPU has AMX-BF16
+// the AMX table runs them on tiles.
+TEST(Bf16, VectorAndTileKernelsInUseWhereTheCpuHasThem) {
+  if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
   EXPECT_NE(cpu::Avx512Primitives().qk_bf16, &cpu::GenericQkBf16);
   EXPECT_NE(cpu::Avx512Primitives().pv_bf16, &cpu::GenericPvBf16);
+  if (!cpu::AmxBf16Usable()) GTEST_SKIP() << "this CPU has no AMX-BF16 (or the OS refused AMX)";
+  EXPECT_NE(cpu::AmxPrimitives().qk_bf16, cpu::Avx512Primitives().qk_bf16);
+  EXPECT_NE(cpu::AmxPrimitives().pv_bf16, cpu::Avx512Primitives().pv_bf16);
+  EXPECT_GT(cpu::AmxPrimitives().pair_heads_bf16, cpu::Avx512Primitives().pair_heads_bf16);
 }
 
 // Where the CPU has AMX-INT8 and Linux grants the tile state, the detected level is amx and its
