@@ -224,6 +224,8 @@ BENCHMARK(BM_PagedAttentionSharedDecode)
     ->Args({0, 16, 2, 100, 1})
     ->Args({1024, 16, 2, 0, 0})  // the shared part alone
     ->Args({1024, 16, 1, 0, 0})  // and on one thread (a row pass: 1/768 of it)
+    ->Args({1024, 16, 2, 0, 1})  // the same in bf16
+    ->Args({1024, 16, 1, 0, 1})
     ->UseRealTime();
 
 // args: part (0 q.k, 1 exp, 2 p.v), query heads (3: one row, 6: two rows, as attention runs a
