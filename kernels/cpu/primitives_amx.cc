@@ -443,8 +443,12 @@ void PackedTileA8Amx(DType type, const uint8_t* group, int64_t nb, const BlockA8
 // kBf16Group pairs exactly as the reference does, so the bits are every table's). Heads go in
 // groups of 16 A / C rows, the last with `tail` rows: tiles 0 / 1 a full group's A / C, 2 / 3 the
 // last group's, 4 / 5 B (16 pair rows of 16 columns, one per k step).
+// tail 0: no last group (tiles 2 / 3 unused), so any of these configurations serves (calls of 48
+// heads and of 3 alternate in a 16-sequence step).
 void ConfigureBf16(int tail) {
   if (t_configured == kBf16Key + tail) return;
+  if (tail == 0 && t_configured > kBf16Key && t_configured <= kBf16Key + 16) return;
+  if (tail == 0) tail = 16;
   TileConfig c;
   for (int t = 0; t < 6; ++t) {
     c.colsb[t] = 64;
@@ -491,9 +495,9 @@ inline void CopyPartialRows(const float* part, int64_t rows, int64_t m, float* d
   } while (0)
 
 // q.k, head dim 64 (others take the AVX-512 entry): per 16 keys, both k steps' B once, then each
-// group of heads. Every call runs on tiles: in-process against vectors for fewer than 6 heads,
-// one sequence over 1K keys with 100 of its own 30.4-32.0 against 33.1-33.2 us a layer
-// (BM_PagedAttentionSharedDecode/1024/1/2/100/1).
+// group of heads. Every call runs on tiles: against vectors for fewer than 6 heads (two builds
+// alternating), one sequence over 1K keys with 100 of its own 30.4-32.0 against 33.1-33.2 us a
+// layer (BM_PagedAttentionSharedDecode/1024/1/2/100/1).
 void QkBf16Amx(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* kp, int64_t kps,
                int64_t n, float* scores, int64_t ss, float* row_max, Ahead* ahead) {
   if (d != 64) return Avx512Primitives().qk_bf16(qp, G, d, kp, kps, n, scores, ss, row_max, ahead);
@@ -501,7 +505,7 @@ void QkBf16Amx(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* 
   Ahead& ask = ahead != nullptr ? *ahead : none;
   constexpr int64_t dp = 32;
   const int64_t full = G / 16, tail = G % 16;
-  ConfigureBf16(tail == 0 ? 16 : static_cast<int>(tail));
+  ConfigureBf16(static_cast<int>(tail));
   alignas(64) float part[16 * 16];  // a partial last block's scores, before the masked copy
   const int64_t per_step = LinesPerStep(ask, (n + 15) / 16 * (full + (tail > 0)));
   for (int64_t c = 0; c * 16 < n; ++c) {
@@ -545,7 +549,9 @@ void QkBf16Amx(const uint32_t* qp, int64_t G, int64_t d, const uint32_t* const* 
 // is partial (pairs past the last zero: the stale ones might be anything).
 void PvBf16Amx(const uint32_t* pp, int64_t pps, int64_t G, int64_t d, const uint32_t* const* vp,
                int64_t n, float* o, int64_t os, Ahead* ahead) {
-  if (d != 64 || n > 64) return Avx512Primitives().pv_bf16(pp, pps, G, d, vp, n, o, os, ahead);
+  if (d != 64 || n > 64 || G > 64) {  // (the staging buffers' sizes)
+    return Avx512Primitives().pv_bf16(pp, pps, G, d, vp, n, o, os, ahead);
+  }
   Ahead none;
   Ahead& ask = ahead != nullptr ? *ahead : none;
   constexpr int64_t dv = 64;
@@ -589,7 +595,7 @@ void PvBf16Amx(const uint32_t* pp, int64_t pps, int64_t G, int64_t d, const uint
     }
   }
   const int64_t full = G / 16, tail = G % 16;
-  ConfigureBf16(tail == 0 ? 16 : static_cast<int>(tail));
+  ConfigureBf16(static_cast<int>(tail));
   const int64_t per_step = LinesPerStep(ask, dv / 16 * (full + (tail > 0)));
   for (int64_t s = 0; s < dv / 16; ++s) {
     _tile_loadd(4, vb + 16 * s, dv * 4);
