@@ -765,6 +765,19 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       p.pv_bf16(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2, nullptr);
       cpu::GenericPvBf16(pp.data(), kMax / 2, G, d, rows, n, o2.data() + 2, d + 2);
       ASSERT_EQ(o1, o2) << "pv_bf16, G " << G << " n " << n;
+      // Head 0 with no weight: its outputs are what it read, so the subnormal accumulators
+      // (either sign) must come back as zero (and equal the reference's).
+      auto pz = pp;
+      std::fill_n(pz.begin(), kMax / 2, 0u);
+      std::vector<float> z1 = o0;
+      z1[2] = 1e-40f;
+      z1[3] = -1e-40f;
+      std::vector<float> z2 = z1;
+      p.pv_bf16(pz.data(), kMax / 2, G, d, rows, n, z1.data() + 2, d + 2, nullptr);
+      cpu::GenericPvBf16(pz.data(), kMax / 2, G, d, rows, n, z2.data() + 2, d + 2);
+      ASSERT_EQ(z1, z2) << "pv_bf16 without weights, G " << G << " n " << n;
+      ASSERT_EQ(z1[2], 0.0f) << "a subnormal accumulator was not read as zero";
+      ASSERT_EQ(z1[3], 0.0f) << "a subnormal accumulator was not read as zero";
     }
   }
 }
