@@ -299,6 +299,20 @@ const Primitives& AmxPrimitives();
 bool AmxUsable();
 // AmxUsable() and the CPU has AMX-BF16 (the AMX table's bf16 attention then runs on tiles).
 bool AmxBf16Usable();
+// The AVX-512 table's two kernels for the bf16 products: fused multiply-adds (any AVX-512 CPU)
+// and VDPBF16PS (null where !CpuHasDpBf16()); the table takes the second where DpBf16Usable().
+// The tests check both against the scalar entries.
+struct Bf16Products {
+  decltype(Primitives::qk_bf16) qk = nullptr;
+  decltype(Primitives::pv_bf16) pv = nullptr;
+};
+Bf16Products Avx512FmaBf16();
+Bf16Products Avx512DpBf16();
+// The CPU has AVX512_BF16 (CPUID 7.1 EAX bit 5) with AVX-512 F and the OS's AVX-512 state.
+bool CpuHasDpBf16();
+// CpuHasDpBf16() and its VDPBF16PS kernels gave the reference's bits on random operands (checked
+// once, on first use: a CPU whose instruction rounded differently keeps the other kernels).
+bool DpBf16Usable();
 // The table of the active ISA.
 const Primitives& Prims();
 

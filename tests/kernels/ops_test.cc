@@ -722,11 +722,10 @@ TEST(Bf16, RoundsToNearestEvenFlushesTinyAndKeepsNaN) {
   EXPECT_EQ(cpu::Bf16Of(std::numeric_limits<float>::infinity()), 0x7F80);
 }
 
-// qk_bf16 / pv_bf16 of every table against the scalar entries, bit for bit (AVX-512: fused
-// multiply-adds in the tiles' order; AMX-BF16: the tiles, from 6 heads, in full groups of 16 and
-// a last partial one), over any head count and odd and even key counts.
-TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
-  const auto& p = cpu::Prims();
+// A pair of bf16 product kernels against the scalar entries, bit for bit (AVX-512: VDPBF16PS or
+// fused multiply-adds in the tiles' order; AMX-BF16: the tiles, from 6 heads, in full groups of 16
+// and a last partial one), over any head count and odd and even key counts.
+void ExpectBf16ProductsMatchScalarReference(const cpu::Bf16Products& p) {
   constexpr int64_t d = 64, kMax = 64;
   std::mt19937 rng(41);
   auto pairs_of = [&](size_t n, float sc) {
@@ -744,7 +743,7 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       for (int c = 0; c < 4; ++c) groups[c] = kp.data() + c * d / 2 * 16;
       const auto qp = pairs_of(G * d / 2, 0.2f);
       std::vector<float> s1(G * kMax, 7.0f), s2 = s1, m1(G), m2(G);
-      p.qk_bf16(qp.data(), G, d, groups, 16, n, s1.data(), kMax, m1.data(), nullptr);
+      p.qk(qp.data(), G, d, groups, 16, n, s1.data(), kMax, m1.data(), nullptr);
       cpu::GenericQkBf16(qp.data(), G, d, groups, 16, n, s2.data(), kMax, m2.data());
       ASSERT_EQ(s1, s2) << "qk_bf16, G " << G << " n " << n;
       ASSERT_EQ(m1, m2) << "qk_bf16 maximum, G " << G << " n " << n;
@@ -762,7 +761,7 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       const auto o0 = Randn(G * (d + 2), rng());
       std::vector<float> o1 = o0, o2 = o0;
       o1[2] = o2[2] = 1e-40f;  // a subnormal accumulator reads as zero
-      p.pv_bf16(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2, nullptr);
+      p.pv(pp.data(), kMax / 2, G, d, rows, n, o1.data() + 2, d + 2, nullptr);
       cpu::GenericPvBf16(pp.data(), kMax / 2, G, d, rows, n, o2.data() + 2, d + 2);
       ASSERT_EQ(o1, o2) << "pv_bf16, G " << G << " n " << n;
       // Head 0 with no weight: its outputs are what it read, so the subnormal accumulators
@@ -773,13 +772,35 @@ TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
       z1[2] = 1e-40f;
       z1[3] = -1e-40f;
       std::vector<float> z2 = z1;
-      p.pv_bf16(pz.data(), kMax / 2, G, d, rows, n, z1.data() + 2, d + 2, nullptr);
+      p.pv(pz.data(), kMax / 2, G, d, rows, n, z1.data() + 2, d + 2, nullptr);
       cpu::GenericPvBf16(pz.data(), kMax / 2, G, d, rows, n, z2.data() + 2, d + 2);
       ASSERT_EQ(z1, z2) << "pv_bf16 without weights, G " << G << " n " << n;
       ASSERT_EQ(z1[2], 0.0f) << "a subnormal accumulator was not read as zero";
       ASSERT_EQ(z1[3], 0.0f) << "a subnormal accumulator was not read as zero";
     }
   }
+}
+
+TEST_P(IsaTest, Bf16ProductsMatchScalarReference) {
+  ExpectBf16ProductsMatchScalarReference({cpu::Prims().qk_bf16, cpu::Prims().pv_bf16});
+}
+
+// Both AVX-512 kernels, whichever the table took: the fused multiply-adds (every AVX-512 CPU's
+// fallback) and VDPBF16PS (two chain steps an instruction, where the CPU has it).
+TEST(Bf16, EveryAvx512KernelMatchesScalarReference) {
+  if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
+  {
+    SCOPED_TRACE("fused multiply-adds");
+    ExpectBf16ProductsMatchScalarReference(cpu::Avx512FmaBf16());
+  }
+  if (!cpu::CpuHasDpBf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  SCOPED_TRACE("VDPBF16PS");
+  ExpectBf16ProductsMatchScalarReference(cpu::Avx512DpBf16());
+  // The table's start-up check passed and the table took them (a failed check would leave the
+  // fused multiply-adds in use silently).
+  ASSERT_TRUE(cpu::DpBf16Usable()) << "VDPBF16PS kernels disagree with the reference here";
+  EXPECT_EQ(cpu::Avx512Primitives().qk_bf16, cpu::Avx512DpBf16().qk);
+  EXPECT_EQ(cpu::Avx512Primitives().pv_bf16, cpu::Avx512DpBf16().pv);
 }
 
 TEST_P(IsaTest, Bf16ConversionMatchesReference) {
