@@ -8,10 +8,12 @@
 // other instructions, read against 8 chains beside a register move). Multiply-adds per instruction
 // turn it into the peak of each kind of product: VPDPWSSD is the 16-bit-activation integer product
 // (kernels/packed.h), VFMADD231PS the fp32 attention, VPDPBUSD and VDPBF16PS the cheaper-arithmetic
-// alternatives. Then, which other instructions take the units VPDPWSSD runs on. On AVX2 machines,
-// the 256-bit loops the AVX2 kernels are built of (no VNNI: a product is a multiply and an add),
-// down to one step of the packed product and one dim of attention's q.k tile. On AMX machines,
-// whether a tile block and the vector work beside it overlap (AmxSection).
+// alternatives. Then whether the CPUs are separate cores (VPDPWSSD on all of them at once, or the
+// FMA without VNNI), and which other instructions take the units VPDPWSSD runs on. On AVX2
+// machines, the 256-bit loops the AVX2 kernels are built of (no VNNI: a product is a multiply and
+// an add), down to one step of the packed product and one dim of attention's q.k tile. On AMX
+// machines, whether a tile block and the vector work beside it overlap (AmxSection).
+
 // GCC 12's false (maybe-)uninitialized warnings in its AVX-512 intrinsics (bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -19,11 +21,17 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "kernels/cpu/primitives.h"
 
@@ -44,6 +52,44 @@ double BurstsPerSecond(double seconds, void (*burst)()) {
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   } while (elapsed < seconds);
   return static_cast<double>(n) / elapsed;
+}
+
+// burst() on every CPU this process may run on at once, one thread pinned to each, started
+// together: each CPU's bursts per second. Against one thread alone, ~1 each when the CPUs are
+// separate cores, ~0.5 when two are hyperthreads of one core (they share its units). Empty if
+// the affinity mask cannot be read or a thread cannot be pinned.
+struct CpuRate {
+  int cpu;
+  double rate;
+};
+std::vector<CpuRate> OnEveryCpu(double seconds, void (*burst)()) {
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return {};
+  std::vector<CpuRate> rates;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mask)) rates.push_back({c, 0.0});
+  }
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false}, pinned{true};
+  std::vector<std::thread> threads;
+  for (CpuRate& r : rates) {
+    threads.emplace_back([&, seconds, burst] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(r.cpu, &one);
+      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) pinned = false;
+      ++ready;
+      while (!go.load()) {
+      }
+      r.rate = BurstsPerSecond(seconds, burst);
+    });
+  }
+  while (ready.load() < static_cast<int>(rates.size())) {
+  }
+  go = true;
+  for (std::thread& t : threads) t.join();
+  if (!pinned) return {};
+  return rates;
 }
 
 // Keeps the chains' results alive past the loop.
@@ -394,6 +440,20 @@ int main(int argc, char** argv) {
     const double ips = BurstsPerSecond(seconds, r.burst) * 12.0 * kBurst;
     std::printf("%-17s %14.2f %12.2f %14d %22.1f\n", r.name, ips / 1e9, ips / hz, r.macs,
                 ips * r.macs / 1e9);
+  }
+  if (avx512) {
+    // Whether the CPUs are separate cores: the product's instruction on all of them at once.
+    const Row& r = vnni ? rows[0] : rows[3];
+    const double alone = BurstsPerSecond(seconds, r.burst);
+    const std::vector<CpuRate> all = OnEveryCpu(seconds, r.burst);
+    if (all.size() > 1) {
+      std::printf(
+          "\n%s on all %zu CPUs at once, one pinned thread each, per CPU as a share of one\n"
+          "thread alone (~1: separate cores; ~0.5: hyperthreads sharing a core):",
+          r.name, all.size());
+      for (const CpuRate& c : all) std::printf(" cpu%d %.2f", c.cpu, c.rate / alone);
+      std::printf("\n");
+    }
   }
   if (vnni && __builtin_cpu_supports("avx512bw")) {
     std::printf(

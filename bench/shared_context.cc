@@ -279,10 +279,9 @@ int Main(int argc, char** argv) {
                                {"ttft_on_ms", a.ttft_ms},
                                {"ttft_off_ms", b.ttft_ms}});
       }
-      std::sort(ratios.begin(), ratios.end());
       if (!as_json) {
-        std::printf("median TTFT ratio (off/on) over turns 2-5: %.1fx\n",
-                    ratios[ratios.size() / 2]);
+        std::printf("median TTFT ratio (off/on) over turns 2-%zu: %.1fx\n", on->size(),
+                    bench::Median(ratios));
       }
     }
     // Repetitions interleave the concurrencies (1, 4, 16, 1, 4, 16, ...), so drift of the
