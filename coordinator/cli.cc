@@ -105,7 +105,7 @@ int SessionLeader(const Flags& f, serving::ServingEngine& se, serving::Request r
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } else {
       std::cout << "[turn " << i + 1 << "] " << r->prompt_tokens << " prompt tokens, "
-                << r->cached_tokens << " cached, TTFT " << r->ttft_ms << " ms\n"
+                << r->cached_tokens << " cached, TTFT " << Fixed(r->ttft_ms) << " ms\n"
                 << text << "\n";
     }
   }
@@ -176,9 +176,9 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
             << st.prefix_hit_tokens << "/" << st.prefix_query_tokens << " prompt tokens; "
             << st.preemptions << " preemptions; KV blocks " << st.blocks_used << " used, "
             << st.blocks_cached << " cached, " << st.blocks_total << " total; TTFT p50 "
-            << se.ttft_seconds().Quantile(0.5) * 1e3 << " ms; " << st.generated_tokens
-            << " tokens generated in " << wall_s * 1e3 << " ms ("
-            << static_cast<double>(st.generated_tokens) / wall_s << " tokens/s)\n";
+            << Fixed(se.ttft_seconds().Quantile(0.5) * 1e3) << " ms; " << st.generated_tokens
+            << " tokens generated in " << Fixed(wall_s * 1e3) << " ms ("
+            << Fixed(static_cast<double>(st.generated_tokens) / wall_s) << " tokens/s)\n";
   return 0;
 }
 

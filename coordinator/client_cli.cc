@@ -47,7 +47,8 @@ int StreamOut(server::RpcClient& c, v1::Frame req) {
   std::cout << "\n";
   std::cerr << "kvmesh client: " << done->prompt_tokens() << " prompt tokens ("
             << done->cached_tokens() << " cached), " << done->completion_tokens()
-            << " generated, TTFT " << done->ttft_ms() << " ms, " << done->finish_reason() << "\n";
+            << " generated, TTFT " << Fixed(done->ttft_ms()) << " ms, " << done->finish_reason()
+            << "\n";
   return 0;
 }
 
@@ -156,7 +157,7 @@ int Client(int argc, char** argv) {
       auto done = (*c)->Stream(a, nullptr);
       if (!done.ok()) return Fail(done.status());
       std::cout << "[turn " << ++turn << "] " << done->prompt_tokens() << " prompt tokens, "
-                << done->cached_tokens() << " cached, TTFT " << done->ttft_ms() << " ms\n"
+                << done->cached_tokens() << " cached, TTFT " << Fixed(done->ttft_ms()) << " ms\n"
                 << done->text() << "\n";
     }
     v1::Frame close;

@@ -1,4 +1,5 @@
-// StrCat: concatenates strings and numbers into a std::string.
+// StrCat: concatenates strings and numbers into a std::string; Fixed: a number with a fixed
+// count of decimals.
 //
 // kvmesh's own, because Debian's Abseil is built with its own absl::string_view (not
 // std::string_view), so absl::StrCat does not accept std::string_view arguments.
@@ -40,6 +41,14 @@ template <typename... Args>
 std::string StrCat(const Args&... args) {
   std::string out;
   (internal::AppendOne(out, args), ...);
+  return out;
+}
+
+// v with `digits` digits after the point ("%.*f"): times and rates printed for people.
+inline std::string Fixed(double v, int digits = 1) {
+  const int n = std::snprintf(nullptr, 0, "%.*f", digits, v);
+  std::string out(static_cast<size_t>(n > 0 ? n : 0), '\0');
+  if (n > 0) std::snprintf(out.data(), out.size() + 1, "%.*f", digits, v);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -282,6 +283,10 @@ TEST(Cli, RealModelCommands) {
   const size_t comma = ses.out.find(" prompt tokens, ", t2);
   ASSERT_NE(comma, std::string::npos);
   EXPECT_GT(std::stoi(ses.out.substr(comma + 16)), 20) << ses.out;  // cached tokens of turn 2
+  // Each turn's TTFT in milliseconds with one decimal.
+  EXPECT_TRUE(
+      std::regex_search(ses.out, std::regex(R"(\[turn 2\] .* cached, TTFT [0-9]+\.[0-9] ms\n)")))
+      << ses.out;
   // The same file with CRLF line ends: the same turns (no '\r' in the prompts), the same output.
   const Result crlf =
       Kvmesh({"run", "--model", model, "--temperature", "0", "--max-tokens", "12", "--session",
