@@ -20,6 +20,7 @@
 #include "coordinator/launch.h"
 #include "coordinator/serve.h"
 #include "coordinator/texts_file.h"
+#include "coordinator/usage.h"
 #include "kernels/isa.h"
 #include "model/shard.h"
 #include "serving/serving_engine.h"
@@ -36,35 +37,6 @@ namespace kvmesh::coordinator {
 namespace {
 
 using nlohmann::json;
-
-constexpr char kUsage[] =
-    "usage: kvmesh <command> [flags]\n"
-    "  run       --prompt TEXT | --session FILE | --prompts FILE [--model PATH] [--chat]\n"
-    "            [--max-tokens N]\n"
-    "            [--temperature T] [--no-prefix-reuse]\n"
-    "            [--top-k K] [--top-p P] [--repeat-penalty R] [--seed S] [--threads N]\n"
-    "            [--ctx-size N] [--json] [--ignore-eos] [--tp T] [--pp P] [--print-plan]\n"
-    "            [--kv-cache-mem MiB] [--block-size 16] [--max-seqs 16]\n"
-    "            [--max-batched-tokens 512] [--max-sessions 256] [--tp-collectives shm|mpi]\n"
-    "            [--activation-bits 16|8]  (8: ggml's numerics, faster batched)\n"
-    "            [--attention-bits 32|16]  (16: bf16 operands, faster with many sequences)\n"
-    "            [--no-repack]  (the file's row-major weights: no extra bytes, slower)\n"
-    "            (parallel: mpirun -np T*P kvmesh run --tp T --pp P ...)\n"
-    "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
-    "            [--api-key KEY | --api-key-file F]\n"
-    "            [--max-body-bytes N] [--served-model-name NAME] [--prefix-reuse]\n"
-    "            (over the config's enable_prefix_caching: false) + run's model and serving flags\n"
-    "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
-    "            /health /metrics (under mpirun for --tp/--pp); cluster RPC on --rpc-port\n"
-    "            (8001; --no-rpc to disable; --rpc-frame-timeout 60: seconds a frame may take)\n"
-    "  client    health|tokenize|generate|chat|session|status|stats [--host H] [--port 8001]\n"
-    "            [--api-key K] (--text T | --prompt T | --message T [--system S] |\n"
-    "            --id ID --turns FILE) [--max-tokens N] [--temperature T]  the cluster RPC API\n"
-    "  tokenize  --text TEXT [--model PATH] [--no-special]\n"
-    "  logits    --prompt TEXT [--model PATH] [--top-k K] [--threads N] [--tp T]\n"
-    "  bench     [--model PATH] [-p 512] [-n 128] [-t 1,2] [-d 0,4096] [-r 5] [--json]\n"
-    "            [--no-bandwidth]   llama-bench's pp/tg tests on this engine\n"
-    "  model pull   download SmolLM2-135M-Instruct (Q4_1 GGUF) into $KVMESH_CACHE\n";
 
 const std::set<std::string>& kLaunchFlags = LaunchFlagNames();
 
@@ -189,6 +161,7 @@ int Run(int argc, char** argv) {
                           "repeat-penalty", "seed", "session", "prompts", "test-preempt"}),
       {"chat", "json", "print-plan", "ignore-eos", "no-prefix-reuse", "no-repack"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
   if (f->Has("prompt") + f->Has("session") + f->Has("prompts") != 1) {
     return Fail(
         absl::InvalidArgumentError("run: give exactly one of --prompt, --session and --prompts"));
@@ -253,7 +226,9 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
   auto r = se.Generate(req, on_token);
   if (!r.ok()) return Fail(r.status());
   if (!r->status.ok()) return Fail(r->status);
-  const double decode_ms = r->total_ms - r->ttft_ms;
+  // Without a generated token there is no first-token time: the whole run was prefill.
+  const double prefill_ms = r->tokens.empty() ? r->total_ms : r->ttft_ms;
+  const double decode_ms = r->total_ms - prefill_ms;
   const std::string text = se.Text(r->tokens);
   if (as_json) {
     json j;
@@ -262,10 +237,10 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     j["prompt_ids"] = req.prompt;
     j["tokens"] = r->tokens;
     j["stop_reason"] = r->stop_reason;
-    j["prefill_ms"] = r->ttft_ms;
+    j["prefill_ms"] = prefill_ms;
     j["decode_ms"] = decode_ms;
     const double n_dec = r->tokens.size() > 1 ? static_cast<double>(r->tokens.size() - 1) : 0.0;
-    j["prefill_tokens_per_s"] = r->ttft_ms > 0 ? r->prompt_tokens * 1000.0 / r->ttft_ms : 0.0;
+    j["prefill_tokens_per_s"] = prefill_ms > 0 ? r->prompt_tokens * 1000.0 / prefill_ms : 0.0;
     j["decode_tokens_per_s"] = decode_ms > 0 ? n_dec * 1000.0 / decode_ms : 0.0;
     j["threads"] = e.threads();
     j["tp"] = e.shard().tp_size;
@@ -287,9 +262,11 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
     std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
     std::cout << pending << "\n";
-    std::cerr << "kvmesh: " << r->prompt_tokens << " prompt tokens in " << r->ttft_ms << " ms, "
-              << r->tokens.size() << " generated in " << decode_ms << " ms (" << r->stop_reason
-              << ", " << e.threads() << " threads, " << kernels::IsaName(kernels::ActiveIsa())
+    std::cerr << "kvmesh: " << r->prompt_tokens << " prompt token"
+              << (r->prompt_tokens == 1 ? "" : "s") << " in " << Fixed(prefill_ms) << " ms, "
+              << r->tokens.size() << " generated in " << Fixed(decode_ms) << " ms ("
+              << r->stop_reason << ", " << e.threads() << " threads, "
+              << kernels::IsaName(kernels::ActiveIsa())
               << (e.activation_bits() == 8 ? ", 8-bit activations" : "")
               << (e.attention_bits() == 16 ? ", bf16 attention" : "")
               << (e.repacked() ? ", weights repacked: " +
@@ -303,6 +280,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
 int Tokenize(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2, {"model", "text"}, {"no-special"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
   if (!f->Has("text")) return Fail(absl::InvalidArgumentError("tokenize: --text is required"));
   auto gguf = model::GgufFile::Open(ModelPath(*f));
   if (!gguf.ok()) return Fail(gguf.status());
@@ -318,6 +296,7 @@ int Logits(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2, With(kLaunchFlags, {"model", "prompt", "top-k"}),
                         {"print-plan", "no-repack"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
   if (!f->Has("prompt")) return Fail(absl::InvalidArgumentError("logits: --prompt is required"));
   auto k = f->Int("top-k", 20, 1, 1 << 24);
   if (!k.ok()) return Fail(k.status());
@@ -365,9 +344,15 @@ absl::StatusOr<std::vector<int>> IntList(const Flags& f, const std::string& name
 
 int Bench(int argc, char** argv) {
   // llama-bench spells its flags with one dash; both spellings are accepted.
-  auto f = Flags::Parse(argc, argv, 2, {"model", "p", "n", "t", "d", "r"}, {"json", "no-bandwidth"},
-                        {"p", "n", "t", "d", "r"});
+  // -m is llama-bench's name for the model file.
+  auto f = Flags::Parse(argc, argv, 2, {"model", "m", "p", "n", "t", "d", "r"},
+                        {"json", "no-bandwidth"}, {"m", "p", "n", "t", "d", "r"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
+  if (f->Has("m") && f->Has("model")) {
+    return Fail(absl::InvalidArgumentError("bench: give -m or --model, not both"));
+  }
+  if (f->Has("m")) f->Set("model", f->String("m", ""));
   bench::BenchOptions o;
   o.model_path = ModelPath(*f);
   auto p = IntList(*f, "p", {512}, 0, 1 << 20);
@@ -405,10 +390,11 @@ int ModelCmd(int argc, char** argv) {
 }  // namespace
 
 int CliMain(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+  if (argc < 2) {
     std::cerr << kUsage;
-    return argc < 2 ? 2 : 0;
+    return 2;
   }
+  if (const std::string a = argv[1]; a == "help" || a == "--help" || a == "-h") return PrintHelp();
   const std::string cmd = argv[1];
   if (cmd == "run") return Run(argc, argv);
   if (cmd == "tokenize") return Tokenize(argc, argv);

@@ -9,6 +9,7 @@
 #include "coordinator/key_file.h"
 #include "coordinator/launch.h"
 #include "coordinator/texts_file.h"
+#include "coordinator/usage.h"
 #include "server/rpc_client.h"
 #include "util/str_cat.h"
 
@@ -60,6 +61,7 @@ int Client(int argc, char** argv) {
         "client: give an action: health, tokenize, generate, chat, session, status or stats"));
   }
   const std::string action = argv[2];
+  if (action == "--help" || action == "-h" || action == "help") return PrintHelp();
   static const std::set<std::string> kActions = {"health",  "tokenize", "generate", "chat",
                                                  "session", "status",   "stats"};
   if (!kActions.count(action)) {  // before connecting: a typo is not a network error
@@ -72,19 +74,37 @@ int Client(int argc, char** argv) {
                          "system", "max-tokens", "temperature", "seed", "id", "turns"},
                         {"no-special"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
   auto port = f->Int("port", 8001, 1, 65535);
   if (!port.ok()) return Fail(port.status());
   auto max_tokens = f->Int("max-tokens", 256, 1, 1 << 20);
   if (!max_tokens.ok()) return Fail(max_tokens.status());
   auto sampling = Sampling(*f);
   if (!sampling.ok()) return Fail(sampling.status());
+  // As serve takes them: one or the other, and not empty.
+  if (f->Has("api-key") && f->Has("api-key-file")) {
+    return Fail(absl::InvalidArgumentError("client: give --api-key or --api-key-file, not both"));
+  }
   std::string key = f->String("api-key", "");
+  if (f->Has("api-key") && key.empty()) {
+    return Fail(absl::InvalidArgumentError("client: --api-key is empty"));
+  }
   if (f->Has("api-key-file")) {
     auto k = ReadKeyFile(f->String("api-key-file", ""));
     if (!k.ok()) return Fail(k.status());
     key = std::move(*k);
   }
-  // A session's turns are read before connecting (a bad file is not a network error).
+  // Each action's required flags are checked, and a session's turns read, before connecting (a
+  // missing flag or a bad file is not a network error).
+  if (action == "tokenize" && !f->Has("text")) {
+    return Fail(absl::InvalidArgumentError("client tokenize: --text is required"));
+  }
+  if (action == "generate" && !f->Has("prompt")) {
+    return Fail(absl::InvalidArgumentError("client generate: --prompt is required"));
+  }
+  if (action == "chat" && !f->Has("message")) {
+    return Fail(absl::InvalidArgumentError("client chat: --message is required"));
+  }
   std::vector<std::string> turns;
   if (action == "session") {
     if (!f->Has("id") || !f->Has("turns")) {
@@ -103,8 +123,6 @@ int Client(int argc, char** argv) {
     if (action == "status") req.mutable_cluster_status();
     if (action == "stats") req.mutable_cache_stats();
     if (action == "tokenize") {
-      if (!f->Has("text"))
-        return Fail(absl::InvalidArgumentError("client tokenize: --text is required"));
       req.mutable_tokenize()->set_text(f->String("text", ""));
       req.mutable_tokenize()->set_parse_special(!f->Has("no-special"));
     }
@@ -119,12 +137,8 @@ int Client(int argc, char** argv) {
   if (action == "generate" || action == "chat") {
     v1::GenerateRequest* g = req.mutable_generate();
     if (action == "generate") {
-      if (!f->Has("prompt"))
-        return Fail(absl::InvalidArgumentError("client generate: --prompt is required"));
       g->set_prompt(f->String("prompt", ""));
     } else {
-      if (!f->Has("message"))
-        return Fail(absl::InvalidArgumentError("client chat: --message is required"));
       if (f->Has("system")) {
         auto* m = g->add_messages();
         m->set_role("system");

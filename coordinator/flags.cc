@@ -17,6 +17,10 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, int first,
   f.one_dash_ = one_dash;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      f.help_ = true;
+      return f;
+    }
     const bool short_form =
         a.size() > 1 && a[0] == '-' && a[1] != '-' && one_dash.count(a.substr(1));
     if (!short_form && (a.rfind("--", 0) != 0 || a.size() == 2)) {
@@ -47,6 +51,7 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, int first,
 }
 
 std::string Flags::Spelling(const std::string& name) const {
+  if (auto it = spelled_.find(name); it != spelled_.end()) return it->second;
   return StrCat(one_dash_.count(name) ? "-" : "--", name);
 }
 

@@ -112,20 +112,21 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   auto act_bits = f.Int("activation-bits", 16, 8, 16);
   if (!act_bits.ok()) return act_bits.status();
   if (*act_bits != 8 && *act_bits != 16) {
-    return absl::InvalidArgumentError(StrCat("--activation-bits must be 8 or 16, not ", *act_bits));
+    return absl::InvalidArgumentError(
+        StrCat(f.Spelling("activation-bits"), " must be 8 or 16, not ", *act_bits));
   }
   auto attn_bits = f.Int("attention-bits", 32, 16, 32);
   if (!attn_bits.ok()) return attn_bits.status();
   if (*attn_bits != 16 && *attn_bits != 32) {
     return absl::InvalidArgumentError(
-        StrCat("--attention-bits must be 16 or 32, not ", *attn_bits));
+        StrCat(f.Spelling("attention-bits"), " must be 16 or 32, not ", *attn_bits));
   }
   l.tp = static_cast<int>(*tp);
   l.pp = static_cast<int>(*pp);
   const std::string collectives = f.String("tp-collectives", "shm");
   if (collectives != "shm" && collectives != "mpi") {
     return absl::InvalidArgumentError(
-        StrCat("--tp-collectives must be shm or mpi, not '", collectives, "'"));
+        StrCat(f.Spelling("tp-collectives"), " must be shm or mpi, not '", collectives, "'"));
   }
   l.dp = static_cast<int>(*dp);
   const int64_t per_replica = *tp * *pp;

@@ -2,12 +2,14 @@
 
 #include <csignal>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "coordinator/flags.h"
 #include "coordinator/key_file.h"
 #include "coordinator/launch.h"
 #include "coordinator/serve_config.h"
+#include "coordinator/usage.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 #include "server/rpc_server.h"
@@ -22,6 +24,7 @@ int Serve(int argc, char** argv) {
   auto f = Flags::Parse(argc, argv, 2, valued,
                         {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc", "no-repack"});
   if (!f.ok()) return Fail(f.status());
+  if (f->help()) return PrintHelp();
   if (f->Has("prefix-reuse") && f->Has("no-prefix-reuse")) {
     return Fail(absl::InvalidArgumentError("give --prefix-reuse or --no-prefix-reuse, not both"));
   }
@@ -35,7 +38,13 @@ int Serve(int argc, char** argv) {
     }
     // --prefix-reuse turns reuse back on over the file's enable_prefix_caching: false.
     if (f->Has("prefix-reuse")) cfg->erase("no-prefix-reuse");
-    f->AddDefaults(*cfg);
+    // Messages about the file's values name its key and the file.
+    std::map<std::string, std::string> spellings;
+    for (const auto& [flag, value] : *cfg) {
+      spellings[flag] =
+          StrCat("'", ConfigKeyOf(flag), "' in --config '", f->String("config", ""), "'");
+    }
+    f->AddDefaults(*cfg, spellings);
   }
   server::HttpOptions ho;
   ho.host = f->String("host", "127.0.0.1");
@@ -51,12 +60,13 @@ int Serve(int argc, char** argv) {
   ho.max_body_bytes = static_cast<size_t>(*body);
   ho.model_name = f->String("served-model-name", ho.model_name);
   if (f->Has("api-key") && f->Has("api-key-file")) {
-    return Fail(absl::InvalidArgumentError("give --api-key or --api-key-file, not both"));
+    return Fail(absl::InvalidArgumentError(StrCat("give ", f->Spelling("api-key"), " or ",
+                                                  f->Spelling("api-key-file"), ", not both")));
   }
   ho.api_key = f->String("api-key", "");
   if (f->Has("api-key") && ho.api_key.empty()) {
     // An empty key would turn authentication off (a script passing an unset variable).
-    return Fail(absl::InvalidArgumentError("--api-key is empty"));
+    return Fail(absl::InvalidArgumentError(StrCat(f->Spelling("api-key"), " is empty")));
   }
   if (f->Has("api-key-file")) {
     auto key = ReadKeyFile(f->String("api-key-file", ""));

@@ -106,4 +106,11 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
   return out;
 }
 
+std::string ConfigKeyOf(const std::string& flag) {
+  for (const auto& [key, k] : Keys()) {
+    if (flag == k.flag) return key;
+  }
+  return "";
+}
+
 }  // namespace kvmesh::coordinator

@@ -24,4 +24,8 @@ namespace kvmesh::coordinator {
 // settings not supported yet (data_parallel_size > 1); NotFound if the file cannot be read.
 absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::string& path);
 
+// The YAML key that sets serve flag `flag` ("port" for "port", "max_model_len" for "ctx-size");
+// empty if none does.
+std::string ConfigKeyOf(const std::string& flag);
+
 }  // namespace kvmesh::coordinator

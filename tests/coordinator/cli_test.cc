@@ -63,6 +63,43 @@ void ExpectOneLineError(const std::vector<std::string>& args, const std::string&
 
 TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"frobnicate"}, "unknown command 'frobnicate'");
+  // Help after any command, on stdout with status 0; as another flag's value it is that value.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"help"},
+                                             {"--help"},
+                                             {"-h"},
+                                             {"run", "--help"},
+                                             {"run", "--max-tokens", "3", "-h"},
+                                             {"serve", "--help"},
+                                             {"bench", "-h"},
+                                             {"tokenize", "--help"},
+                                             {"logits", "--help"},
+                                             {"client", "--help"},
+                                             {"client", "generate", "--help"}}) {
+    const Result r = Kvmesh(args);
+    EXPECT_EQ(r.code, 0) << args.back();
+    EXPECT_EQ(r.out.rfind("usage: kvmesh <command>", 0), 0u) << args.back() << ": " << r.out;
+    EXPECT_EQ(r.err, "") << args.back();
+  }
+  ExpectOneLineError({"run", "--model", "--help", "--prompt", "x"},
+                     "cannot open model file '--help'");
+  const Result bare = Kvmesh({});
+  EXPECT_EQ(bare.code, 2);
+  EXPECT_EQ(bare.out, "");
+  EXPECT_EQ(bare.err.rfind("usage: kvmesh <command>", 0), 0u) << bare.err;
+  // A missing or conflicting flag is named before the client connects (port 1: nothing there).
+  ExpectOneLineError({"client", "generate", "--port", "1"},
+                     "client generate: --prompt is required");
+  ExpectOneLineError({"client", "chat", "--port", "1"}, "client chat: --message is required");
+  ExpectOneLineError({"client", "tokenize", "--port", "1"}, "client tokenize: --text is required");
+  ExpectOneLineError({"client", "health", "--port", "1", "--api-key", "k", "--api-key-file", "f"},
+                     "client: give --api-key or --api-key-file, not both");
+  ExpectOneLineError({"client", "health", "--port", "1", "--api-key", ""},
+                     "client: --api-key is empty");
+  ExpectOneLineError({"bench", "-m", "a.gguf", "--model", "b.gguf"},
+                     "bench: give -m or --model, not both");
+  ExpectOneLineError({"bench", "-m", "/nonexistent/m.gguf"},
+                     "cannot open model file '/nonexistent/m.gguf'");
   ExpectOneLineError({"run"}, "give exactly one of --prompt, --session and --prompts");
   ExpectOneLineError({"run", "--prompt", "x", "--temperature", "-1"},
                      "--temperature must be a number in [0, 100]");
@@ -135,8 +172,18 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--config", WriteTemp("c3.yaml", "data_parallel_size: 2\n")},
                      "world size 1 does not match dp x pp x tp = 2 x 1 x 1");
   ExpectOneLineError({"serve", "--config", WriteTemp("c4.yaml", "port: [1, 2\n")}, "line ");
-  ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "activation_bits: 12\n")},
-                     "--activation-bits must be 8 or 16, not 12");
+  // A value out of range is named by its key and file, not by the flag it stands for.
+  const std::string c5 = WriteTemp("c5.yaml", "activation_bits: 12\n");
+  ExpectOneLineError({"serve", "--config", c5},
+                     "'activation_bits' in --config '" + c5 + "' must be 8 or 16, not 12");
+  const std::string c9 = WriteTemp("c9.yaml", "max_model_len: -5\nport: 99999\n");
+  ExpectOneLineError({"serve", "--config", c9},
+                     "'port' in --config '" + c9 + "' must be an integer in [0, 65535]");
+  // The command line's value is the flag's.
+  ExpectOneLineError({"serve", "--config", c9, "--port", "0"},
+                     "'max_model_len' in --config '" + c9 + "' must be an integer");
+  ExpectOneLineError({"serve", "--config", c9, "--port", "0", "--ctx-size", "-1"},
+                     "--ctx-size must be an integer");
   ExpectOneLineError({"serve", "--config", WriteTemp("c5.yaml", "enable_prefix_caching: maybe\n")},
                      "must be true or false");
   ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "repack_weights: 2\n")},
@@ -157,7 +204,7 @@ TEST(Cli, InvalidFlagsAndCommands) {
   // An empty key would turn authentication off.
   ExpectOneLineError({"serve", "--api-key", ""}, "--api-key is empty");
   ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "api_key: \"\"\n")},
-                     "--api-key is empty");
+                     "'api_key' in --config '");
   // A key on the command line replaces the file's, in either form (not "give one, not both").
   ExpectOneLineError(
       {"serve", "--config", WriteTemp("c7.yaml", "api_key_file: /nonexistent\n"), "--api-key", ""},
@@ -270,6 +317,16 @@ TEST(Cli, RealModelCommands) {
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(nlohmann::json::parse(again.out).at("tokens"), j.at("tokens"));  // same seed
   EXPECT_EQ(nlohmann::json::parse(again.out).at("text"), j.at("text"));
+
+  // No token asked for: the prompt is still computed, and all of the time is prefill.
+  const Result none =
+      Kvmesh({"run", "--model", model, "--prompt", "Hello there", "--max-tokens", "0", "--json"});
+  ASSERT_EQ(none.code, 0) << none.err;
+  const nlohmann::json nj = nlohmann::json::parse(none.out);
+  EXPECT_TRUE(nj.at("tokens").empty());
+  EXPECT_GT(nj.at("prefill_ms").get<double>(), 0.0);
+  EXPECT_EQ(nj.at("decode_ms").get<double>(), 0.0);
+  EXPECT_GT(nj.at("prefill_tokens_per_s").get<double>(), 0.0);
 
   // A two-turn session (one turn per line): the second turn reuses the first turn's KV.
   const Result ses =
