@@ -220,7 +220,8 @@ struct Session : std::enable_shared_from_this<Session> {
         return Reply(http::status::unauthorized, ErrorJson(401, "missing or wrong API key"), keep);
       }
     }
-    if (target == "/metrics" || target == "/v1/models") {
+    const std::string_view kModel = "/v1/models/";
+    if (target == "/metrics" || target == "/v1/models" || target.starts_with(kModel)) {
       if (req.method() != http::verb::get) {
         return Reply(http::status::method_not_allowed, ErrorJson(405, "use GET"), keep);
       }
@@ -228,10 +229,11 @@ struct Session : std::enable_shared_from_this<Session> {
         return Reply(http::status::ok, PrometheusText(srv.loop.Snapshot(), srv.opts.model_name),
                      keep, "text/plain; version=0.0.4; charset=utf-8");
       }
+      if (target != "/v1/models" && target.substr(kModel.size()) != srv.opts.model_name) {
+        return Reply(http::status::not_found, ModelNotFound(target.substr(kModel.size())), keep);
+      }
       return Reply(http::status::ok,
-                   StrCat(R"({"object":"list","data":[{"id":")", srv.opts.model_name,
-                          R"(","object":"model","created":0,"owned_by":"kvmesh","max_model_len":)",
-                          srv.engine.ctx_size(), "}]}"),
+                   ModelsJson(srv.opts.model_name, srv.engine.ctx_size(), target == "/v1/models"),
                    keep);
     }
     if (target == "/v1/completions" || target == "/v1/chat/completions") {
@@ -243,13 +245,24 @@ struct Session : std::enable_shared_from_this<Session> {
     return Reply(http::status::not_found, ErrorJson(404, StrCat("no route ", target)), keep);
   }
 
+  // vLLM's answer for a model this server does not serve.
+  std::string ModelNotFound(std::string_view model) const {
+    return ErrorJson(404, StrCat("The model `", model, "` does not exist."), "model");
+  }
+
   void Generate(const std::string& body, bool chat, bool keep) {
-    auto parsed = ParseApiRequest(body, chat, {srv.engine.ctx_size(), 256});
+    auto parsed =
+        ParseApiRequest(body, chat, {srv.engine.ctx_size(), srv.engine.tokenizer().vocab_size()});
     if (!parsed.ok()) {
-      return Reply(http::status::bad_request, ErrorJson(400, StatusText(parsed.status())), false);
+      return Reply(http::status::bad_request,
+                   ErrorJson(400, StatusText(parsed.status()), ParamOf(parsed.status())), false);
     }
     auto api = std::make_shared<ApiRequest>(std::move(*parsed));
-    if (api->model.empty()) api->model = srv.opts.model_name;
+    // No model, or the one served; responses name the one served.
+    if (!api->model.empty() && api->model != srv.opts.model_name) {
+      return Reply(http::status::not_found, ModelNotFound(api->model), keep);
+    }
+    api->model = srv.opts.model_name;
     const model::ChatTemplate* tmpl = srv.engine.chat_template();
     if (chat && tmpl == nullptr) {
       return Reply(http::status::bad_request, ErrorJson(400, "the model has no chat template"),
@@ -259,7 +272,8 @@ struct Session : std::enable_shared_from_this<Session> {
       const auto& tok = self->srv.engine.tokenizer();
       auto prompt = std::make_shared<std::vector<int32_t>>(
           chat ? tok.Encode(tmpl->Render(api->messages, true), /*parse_special=*/true)
-               : tok.Encode(api->prompt, /*parse_special=*/true));
+          : api->prompt_ids.empty() ? tok.Encode(api->prompt, /*parse_special=*/true)
+                                    : api->prompt_ids);
       asio::post(self->srv.io, [self, api, chat, keep, prompt] {
         if (!self->closed_) self->Start(api, std::move(*prompt), chat, keep);
       });
@@ -270,15 +284,36 @@ struct Session : std::enable_shared_from_this<Session> {
     serving::Request r;
     r.prompt = std::move(prompt);
     const auto& tok = srv.engine.tokenizer();
-    const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(r.prompt.size());
-    if (room <= 0 || api->max_tokens > room) {
+    // In vLLM's words, which clients match to trim a conversation.
+    const int64_t ctx = srv.engine.ctx_size(), n = static_cast<int64_t>(r.prompt.size());
+    const int64_t room = ctx - n;
+    const char* input = chat ? "messages" : "prompt";
+    if (room <= 0) {
+      return Reply(
+          http::status::bad_request,
+          ErrorJson(400,
+                    StrCat("This model's maximum context length is ", ctx,
+                           " tokens. However, your request has ", n,
+                           " input tokens. Please reduce the length of the input ", input, "."),
+                    input),
+          false);
+    }
+    // Not given: what the context leaves (vLLM's rule), within what the KV pool holds for this
+    // sequence alone (a smaller pool than one context would otherwise refuse every such request).
+    const int64_t pool = int64_t{srv.engine.n_blocks()} * srv.engine.block_size() - n + 1;
+    const int64_t max_tokens = api->max_tokens.value_or(std::max<int64_t>(1, std::min(room, pool)));
+    if (max_tokens > room) {
       return Reply(http::status::bad_request,
-                   ErrorJson(400, StrCat("prompt (", r.prompt.size(), " tokens) + max_tokens (",
-                                         api->max_tokens, ") exceeds the context of ",
-                                         srv.engine.ctx_size(), " tokens")),
+                   ErrorJson(400,
+                             StrCat("This model's maximum context length is ", ctx,
+                                    " tokens. However, you requested ", n + max_tokens, " tokens (",
+                                    n, " in the ", input, ", ", max_tokens,
+                                    " in the completion). Please reduce the length of the ", input,
+                                    " or completion."),
+                             input),
                    false);
     }
-    r.max_tokens = api->max_tokens;
+    r.max_tokens = static_cast<int32_t>(max_tokens);
     r.sampling = api->sampling;
     r.ignore_eos = api->ignore_eos;
     r.session_id = api->session_id;
@@ -296,7 +331,19 @@ struct Session : std::enable_shared_from_this<Session> {
       // early).
       size_t sent = 0;
       bool stopped = false;
-      int64_t tokens = 0;  // received so far; after a stop, those up to the one completing it
+      int64_t tokens = 0;   // received so far; after a stop, those up to the one completing it
+      size_t lp_chars = 0;  // characters of the tokens whose logprobs were streamed
+      // A stream chunk of `delta` with the logprobs not yet streamed (text_offset counted on).
+      std::string Chunk(const ApiRequest& api, const std::string& id, int64_t created,
+                        const std::string& delta, const std::string& finish) {
+        const size_t at = lp_chars;
+        for (const ApiLogprob& lp : pending_lps) lp_chars += TextOffsetOf(lp.token);
+        std::string out = StreamChunk(api, id, created, delta, finish, first,
+                                      api.logprobs ? &pending_lps : nullptr, at);
+        pending_lps.clear();
+        first = false;
+        return out;
+      }
     };
     auto gen = std::make_shared<Gen>();
     auto self = shared_from_this();
@@ -347,10 +394,8 @@ struct Session : std::enable_shared_from_this<Session> {
           }
         }
         if (api->stream && !self->cancelled && ready > gen->sent) {
-          self->Send(StreamChunk(*api, id, created, gen->text.substr(gen->sent, ready - gen->sent),
-                                 "", gen->first, api->logprobs ? &gen->pending_lps : nullptr));
-          gen->pending_lps.clear();
-          gen->first = false;
+          self->Send(
+              gen->Chunk(*api, id, created, gen->text.substr(gen->sent, ready - gen->sent), ""));
         }
         gen->sent = std::max(gen->sent, ready);
       });
@@ -376,8 +421,7 @@ struct Session : std::enable_shared_from_this<Session> {
           if (!c.status.ok()) {
             self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
           } else {
-            self->Send(StreamChunk(*api, id, created, held, finish, gen->first,
-                                   api->logprobs ? &gen->pending_lps : nullptr));
+            self->Send(gen->Chunk(*api, id, created, held, finish));
             if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
           }
           self->Send("data: [DONE]\n\n");

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/cord.h"
 #include "util/random_seed.h"
 #include "util/str_cat.h"
 
@@ -11,8 +12,13 @@ using nlohmann::json;
 
 namespace {
 
+// The payload of a request error that names its field (ParamOf).
+constexpr char kParamUrl[] = "kvmesh.dev/openai-param";
+
 absl::Status Bad(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(StrCat("'", field, "' ", why));
+  absl::Status s = absl::InvalidArgumentError(StrCat("'", field, "' ", why));
+  s.SetPayload(kParamUrl, absl::Cord(std::string(field)));
+  return s;
 }
 
 // Reads an optional number field within [lo, hi].
@@ -61,8 +67,9 @@ json Bytes(const std::string& s) {
   return b;
 }
 
-// OpenAI's logprobs object: {"content": [...]} for chat, parallel arrays for completions.
-json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
+// OpenAI's logprobs object: {"content": [...]} for chat, parallel arrays for completions (their
+// text_offset counted on from `offset`).
+json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps, size_t offset = 0) {
   if (req.chat) {
     json content = json::array();
     for (const ApiLogprob& lp : lps) {
@@ -81,7 +88,6 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
   }
   json tokens = json::array(), token_lps = json::array(), tops = json::array(),
        offsets = json::array();
-  size_t offset = 0;
   for (const ApiLogprob& lp : lps) {
     tokens.push_back(lp.token);
     token_lps.push_back(lp.logprob);
@@ -91,7 +97,7 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
     }
     tops.push_back(top);
     offsets.push_back(offset);
-    offset += lp.token.size();
+    offset += TextOffsetOf(lp.token);
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_lps},
@@ -104,6 +110,17 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps) {
 namespace {
 absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimits& limits);
 }  // namespace
+
+std::string ParamOf(const absl::Status& s) {
+  const auto p = s.GetPayload(kParamUrl);  // absl::optional<absl::Cord>
+  return p ? std::string(*p) : std::string();
+}
+
+size_t TextOffsetOf(std::string_view token) {
+  size_t n = 0;
+  for (unsigned char c : token) n += (c & 0xC0) != 0x80;  // not a continuation byte
+  return n;
+}
 
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
                                            const ApiLimits& limits) {
@@ -122,7 +139,6 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
   ApiRequest r;
   r.chat = chat;
-  r.max_tokens = limits.default_max_tokens;
   // OpenAI's defaults: temperature 1, top_p 1, no top-k.
   r.sampling.temperature = 1.0f;
   r.sampling.top_p = 1.0f;
@@ -145,13 +161,14 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
       const json& c = m.contains("content") ? m["content"] : json();
       if (c.is_string()) {
         content = c.get<std::string>();
-      } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...]
+      } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...], joined by newlines
         for (const json& part : c) {
           if (!part.is_object() || !part.contains("type") || !part["type"].is_string() ||
               part["type"].get<std::string>() != "text" || !part.contains("text") ||
               !part["text"].is_string()) {
             return Bad("messages", "content parts must be {\"type\": \"text\", \"text\": ...}");
           }
+          if (&part != &c.front()) content += '\n';
           content += part["text"].get<std::string>();
         }
       } else {
@@ -161,8 +178,28 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     }
   } else {
     auto it = j.find("prompt");
-    if (it == j.end() || !it->is_string()) return Bad("prompt", "must be a string");
-    r.prompt = it->get<std::string>();
+    if (it == j.end() || it->is_null()) return Bad("prompt", "is required");
+    json p = *it;
+    // A list holding one prompt is that prompt (LangChain sends one); several are refused.
+    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+      if (p.size() != 1) return Bad("prompt", "holds several prompts: send one per request");
+      p = p[0];
+    }
+    if (p.is_string()) {
+      r.prompt = p.get<std::string>();
+    } else if (p.is_array() && !p.empty()) {  // token ids
+      const uint64_t below =
+          limits.vocab_size > 0 ? static_cast<uint64_t>(limits.vocab_size) : uint64_t{1} << 31;
+      for (const json& t : p) {
+        if (!t.is_number_integer() || (!t.is_number_unsigned() && t.get<int64_t>() < 0) ||
+            t.get<uint64_t>() >= below) {
+          return Bad("prompt", StrCat("token ids must be integers in [0, ", below, ")"));
+        }
+        r.prompt_ids.push_back(static_cast<int32_t>(t.get<uint64_t>()));
+      }
+    } else {
+      return Bad("prompt", "must be a string or a non-empty array of token ids");
+    }
   }
   int32_t n = 1;
   if (auto s = Number(j, "n", 1, 1, n); !s.ok()) {
@@ -178,13 +215,13 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     r.logprobs = k >= 0;
     r.top_logprobs = std::max(k, 0);
   }
-  // Both are checked; a chat's max_completion_tokens, where given (not null), wins.
+  // Both are checked; max_completion_tokens, where given (not null), wins.
   const double max_context = static_cast<double>(limits.max_context);
-  if (auto s = Number(j, "max_tokens", 0, max_context, r.max_tokens); !s.ok()) return s;
-  if (chat) {
-    if (auto s = Number(j, "max_completion_tokens", 0, max_context, r.max_tokens); !s.ok()) {
-      return s;
-    }
+  for (const char* f : {"max_tokens", "max_completion_tokens"}) {
+    if (auto it = j.find(f); it == j.end() || it->is_null()) continue;
+    int32_t v = 0;
+    if (auto s = Number(j, f, 1, max_context, v); !s.ok()) return s;
+    r.max_tokens = v;
   }
   if (auto s = Number(j, "temperature", 0.0, 2.0, r.sampling.temperature); !s.ok()) return s;
   if (auto s = Number(j, "top_p", 1e-6, 1.0, r.sampling.top_p); !s.ok()) return s;
@@ -193,11 +230,20 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     return s;
   }
   r.sampling.seed = util::RandomSeed();  // no seed (or null): a fresh draw, as OpenAI's
-  if (auto s = Number(j, "seed", 0, 9007199254740991.0, r.sampling.seed); !s.ok()) return s;
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    // Any integer a double holds exactly; a negative one as its two's complement, as vLLM.
+    int64_t seed = 0;
+    if (auto s = Number(j, "seed", -9007199254740991.0, 9007199254740991.0, seed); !s.ok()) {
+      return s;
+    }
+    r.sampling.seed = static_cast<uint64_t>(seed);
+  }
   if (auto s = Bool(j, "stream", r.stream); !s.ok()) return s;
   if (auto s = Bool(j, "ignore_eos", r.ignore_eos); !s.ok()) return s;
   if (auto s = String(j, "session_id", r.session_id); !s.ok()) return s;
-  if (auto it = j.find("stream_options"); it != j.end() && it->is_object()) {
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("stream_options", "must be an object");
+    if (!r.stream) return Bad("stream_options", "needs \"stream\": true");
     if (auto s = Bool(*it, "include_usage", r.include_usage); !s.ok()) return s;
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
@@ -219,15 +265,43 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
       return Bad(f, "is not supported (use repetition_penalty)");
     }
   }
-  for (const char* f : {"tools", "tool_choice", "functions", "function_call", "logit_bias",
-                        "response_format", "suffix", "best_of", "echo"}) {
+  // The same for vLLM's extensions that change the output (guided decoding, min_p, ...).
+  for (const char* f : {"tools",
+                        "tool_choice",
+                        "functions",
+                        "function_call",
+                        "logit_bias",
+                        "response_format",
+                        "suffix",
+                        "best_of",
+                        "echo",
+                        "prediction",
+                        "reasoning_effort",
+                        "min_p",
+                        "min_tokens",
+                        "stop_token_ids",
+                        "include_stop_str_in_output",
+                        "skip_special_tokens",
+                        "add_generation_prompt",
+                        "continue_final_message",
+                        "chat_template_kwargs",
+                        "prompt_logprobs",
+                        "guided_json",
+                        "guided_regex",
+                        "guided_choice",
+                        "guided_grammar",
+                        "structured_outputs"}) {
     auto it = j.find(f);
     if (it == j.end() || it->is_null()) continue;
     const std::string_view name(f);
     const bool harmless =
-        (it->is_boolean() && !it->get<bool>()) ||  // "echo": false
-        (it->is_array() && it->empty()) ||         // "tools": []
-        (it->is_object() && it->empty()) ||        // "logit_bias": {}
+        (it->is_boolean() && !it->get<bool>() && name != "skip_special_tokens" &&
+         name != "add_generation_prompt") ||  // "echo": false
+        (it->is_boolean() && it->get<bool>() &&
+         (name == "skip_special_tokens" || name == "add_generation_prompt")) ||  // their defaults
+        (it->is_number() && *it == 0 && (name == "min_p" || name == "min_tokens")) ||
+        (it->is_array() && it->empty()) ||   // "tools": []
+        (it->is_object() && it->empty()) ||  // "logit_bias": {}
         (name == "best_of" && *it == 1) || (name == "tool_choice" && *it == "none") ||
         (name == "response_format" && it->is_object() && it->value("type", json()) == "text");
     if (!harmless) return Bad(f, "is not supported by this server");
@@ -262,10 +336,10 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
 
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
                         const std::string& delta, const std::string& finish_reason, bool first,
-                        const std::vector<ApiLogprob>* logprobs) {
+                        const std::vector<ApiLogprob>* logprobs, size_t text_offset) {
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)},
-                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json()}};
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs, text_offset) : json()}};
   if (req.chat) {
     json d = json::object();
     if (first) d["role"] = "assistant";
@@ -294,14 +368,26 @@ std::string StreamUsageChunk(const ApiRequest& req, const std::string& id, int64
   return "data: " + Dump(chunk) + "\n\n";
 }
 
-std::string ErrorJson(int http_status, std::string_view message) {
+std::string ModelsJson(std::string_view name, int64_t max_model_len, bool list) {
+  const json model = {{"id", std::string(name)},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "kvmesh"},
+                      {"max_model_len", max_model_len}};
+  return Dump(list ? json{{"object", "list"}, {"data", json::array({model})}} : model);
+}
+
+std::string ErrorJson(int http_status, std::string_view message, std::string_view param) {
   const char* type = http_status == 401   ? "authentication_error"
                      : http_status == 404 ? "not_found_error"
                      : http_status == 429 ? "rate_limit_error"
                      : http_status >= 500 ? "server_error"
                                           : "invalid_request_error";
-  return Dump(
-      {{"error", {{"message", std::string(message)}, {"type", type}, {"code", http_status}}}});
+  return Dump({{"error",
+                {{"message", std::string(message)},
+                 {"type", type},
+                 {"param", param.empty() ? json() : json(std::string(param))},
+                 {"code", http_status}}}});
 }
 
 }  // namespace kvmesh::server

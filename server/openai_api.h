@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,17 +17,20 @@ namespace kvmesh::server {
 
 struct ApiLimits {
   int64_t max_context =
-      8192;  // the engine's context: max_tokens <= context - prompt (checked later)
-  int32_t default_max_tokens = 256;
+      8192;                // the engine's context: max_tokens <= context - prompt (checked later)
+  int64_t vocab_size = 0;  // a prompt's token ids must be below it (0: any id >= 0)
 };
 
 // A parsed /v1/completions or /v1/chat/completions body.
 struct ApiRequest {
   bool chat = false;
   std::string model;
-  std::string prompt;                        // completions
+  std::string prompt;                        // completions: text,
+  std::vector<int32_t> prompt_ids;           // or token ids (then `prompt` is empty)
   std::vector<model::ChatMessage> messages;  // chat
-  int32_t max_tokens = 256;
+  // max_tokens (or max_completion_tokens), >= 1; not given: what the context leaves after the
+  // prompt (vLLM's rule).
+  std::optional<int32_t> max_tokens;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension, as vLLM
@@ -39,9 +43,12 @@ struct ApiRequest {
 };
 
 // InvalidArgument naming the field for anything malformed or unsupported (n != 1, more than 20
-// logprobs, a non-string prompt, unknown roles, out-of-range numbers).
+// logprobs, several prompts, unknown roles, out-of-range numbers, fields this server does not
+// implement); the field is also the status's ParamOf.
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
                                            const ApiLimits& limits);
+// The request field a ParseApiRequest error is about ("" if none): the error object's "param".
+std::string ParamOf(const absl::Status& s);
 
 // One generated token's log-probability, with its text and the top alternatives.
 struct ApiLogprob {
@@ -61,13 +68,20 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
                            const ApiUsage& usage,
                            const std::vector<ApiLogprob>* logprobs = nullptr);
 // One server-sent event ("data: {...}\n\n") carrying `delta` (and finish_reason when non-empty).
+// A completion's logprobs count their text_offset from `text_offset` (the characters streamed
+// before this chunk's tokens).
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
                         const std::string& delta, const std::string& finish_reason, bool first,
-                        const std::vector<ApiLogprob>* logprobs = nullptr);
+                        const std::vector<ApiLogprob>* logprobs = nullptr, size_t text_offset = 0);
+// The characters (UTF-8 code points, or parts of one) that text_offset counts for `token`.
+size_t TextOffsetOf(std::string_view token);
 // The final usage chunk of a stream with include_usage.
 std::string StreamUsageChunk(const ApiRequest& req, const std::string& id, int64_t created,
                              const ApiUsage& usage);
-// {"error": {"message": ..., "type": ..., "code": ...}}
-std::string ErrorJson(int http_status, std::string_view message);
+// /v1/models ({"object": "list", "data": [model]}) or, with list false, /v1/models/{id} (the model
+// object alone) for the one model served.
+std::string ModelsJson(std::string_view name, int64_t max_model_len, bool list);
+// {"error": {"message": ..., "type": ..., "param": ... (null if empty), "code": http_status}}
+std::string ErrorJson(int http_status, std::string_view message, std::string_view param = {});
 
 }  // namespace kvmesh::server

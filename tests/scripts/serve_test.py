@@ -107,6 +107,28 @@ if mode == "main":
                             ("/v1/nothing", b"{}", 404)]:
         code, body, _ = call("POST", path, raw=raw)
         check(code == want and "error" in json.loads(body), f"{path} {raw!r}: {code} {body}")
+    # The context error in vLLM's words (clients match them to trim a conversation), its param.
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 8192})
+    err = json.loads(body)["error"]
+    check(code == 400 and err["message"].startswith("This model's maximum context length is 8192")
+          and err["param"] == "prompt", f"context error: {body}")
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 2})
+    check(json.loads(body)["error"]["param"] == "n", f"param of a bad field: {body}")
+    # Only the served model: another is 404 (vLLM's message), the served one is echoed.
+    name = json.loads(call("GET", "/v1/models")[1])["data"][0]["id"]
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4o", "max_tokens": 1})
+    check(code == 404 and "`gpt-4o` does not exist" in json.loads(body)["error"]["message"], body)
+    code, body, _ = call("GET", "/v1/models/" + name)
+    check(code == 200 and json.loads(body)["id"] == name, f"/v1/models/{name}: {code} {body}")
+    check(call("GET", "/v1/models/gpt-4o")[0] == 404, "/v1/models/gpt-4o")
+    # A prompt as token ids gives what its text gives.
+    by_text = call("POST", "/v1/completions", {"prompt": "The capital of France is", "model": name,
+                                               "temperature": 0, "max_tokens": 6})
+    check(by_text[0] == 200 and json.loads(by_text[1])["model"] == name, by_text[1])
+    ids = [504, 3575, 282, 4649, 314]  # "The capital of France is" in SmolLM2's vocabulary
+    by_ids = call("POST", "/v1/completions", {"prompt": ids, "temperature": 0, "max_tokens": 6})
+    check(by_ids[0] == 200 and json.loads(by_ids[1])["choices"][0]["text"]
+          == json.loads(by_text[1])["choices"][0]["text"], f"token-id prompt: {by_ids[1]} {by_text[1]}")
     code, _, _ = call("GET", "/v1/chat/completions")
     check(code == 405, f"GET on a POST route: {code}")
     code, _, _ = call("GET", "/health")
@@ -257,7 +279,17 @@ elif mode == "limits":
     code, body, _ = call("POST", "/v1/completions", raw=b'{"prompt": "' + b"x" * 5000 + b'"}')
     check(code == 413, f"oversized body: {code}")
     check(call("GET", "/health")[0] == 200, "still serving after an oversized body")
-    print("serve limits: oversized body -> 413")
+    # Without max_tokens a request may run to what the context leaves, within what this small KV
+    # pool (--kv-cache-mem 4: far below one 8K context) holds for it alone: not refused.
+    HDR = {"Authorization": "Bearer " + sys.argv[3]}
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "Count:", "ignore_eos": True,
+                                                     "temperature": 0}, HDR)
+    check(code == 200, f"no max_tokens with a small pool: {code} {body}")
+    u = json.loads(body)["usage"]
+    check(json.loads(body)["choices"][0]["finish_reason"] == "length" and
+          16 < u["prompt_tokens"] + u["completion_tokens"] < 1024, f"no max_tokens: {body}")
+    print(f"serve limits: oversized body -> 413; no max_tokens -> {u['completion_tokens']} tokens "
+          f"(the pool's room)")
 
 elif mode == "overload":
     # One running sequence (max_num_seqs 1) and one waiting (max_waiting 1): with a long request

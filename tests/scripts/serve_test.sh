@@ -214,7 +214,8 @@ wait "$client"
 [[ "$(cat "$work/inflight")" == 160 ]] || fail "in-flight request across SIGTERM: $(cat "$work/inflight")"
 echo "serve shutdown: SIGTERM drained the in-flight request and exited 0"
 
-start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096 --rpc-frame-timeout 2
+start "$bin" serve --threads 1 --api-key s3cret --max-body-bytes 4096 --rpc-frame-timeout 2 \
+  --kv-cache-mem 4
 python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 "$bin" client health --port "$rpc" >/dev/null 2>"$work/err" && fail "rpc without a key succeeded"
 grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
@@ -227,7 +228,7 @@ rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
 rpc_partial_frame 100 0801 "a frame was not completed within 2 s" 1.5 10 || fail "rpc frame deadline"
 echo "serve rpc: a frame stalled for 2 s fails its connection"
 echo "serve rpc auth: the first frame must carry the key; frames before it are small"
-python3 "$here/serve_test.py" "$url" limits || fail "limits"
+python3 "$here/serve_test.py" "$url" limits s3cret || fail "limits"
 stop
 
 # The overload settings from a YAML --config (vLLM's names); the command line's --port 0 wins

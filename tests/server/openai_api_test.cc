@@ -20,15 +20,15 @@ TEST(OpenAiApi, ParsesChatWithDefaultsAndExtensions) {
       true, {});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->messages.size(), 2u);
-  EXPECT_EQ(r->messages[1].content, "hi there");
+  EXPECT_EQ(r->messages[1].content, "hi \nthere");  // text parts joined by newlines, as vLLM
   EXPECT_EQ(r->max_tokens, 7);
   EXPECT_EQ(r->sampling.temperature, 0.0f);
   EXPECT_EQ(r->sampling.seed, 3u);
   EXPECT_TRUE(r->stream && r->include_usage && r->ignore_eos);
   EXPECT_EQ(r->session_id, "abc");
-  auto d = ParseApiRequest(R"({"prompt": "x"})", false, {.default_max_tokens = 16});
+  auto d = ParseApiRequest(R"({"prompt": "x"})", false, {});
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->max_tokens, 16);
+  EXPECT_FALSE(d->max_tokens.has_value());   // not given: what the context leaves
   EXPECT_EQ(d->sampling.temperature, 1.0f);  // OpenAI's default
   EXPECT_EQ(d->sampling.top_p, 1.0f);
   // No seed (or a null one): a fresh draw per request, as OpenAI's; a given seed is kept.
@@ -50,6 +50,28 @@ TEST(OpenAiApi, ParsesChatWithDefaultsAndExtensions) {
   auto st2 = ParseApiRequest(R"({"prompt": "x", "stop": ["a", "bc"]})", false, {});
   ASSERT_TRUE(st2.ok());
   EXPECT_EQ(st2->stop, (std::vector<std::string>{"a", "bc"}));
+  // A prompt as one string in a list (LangChain), or as token ids below the vocabulary.
+  auto one = ParseApiRequest(R"({"prompt": ["x y"], "max_completion_tokens": 5})", false, {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->prompt, "x y");
+  EXPECT_EQ(one->max_tokens, 5);
+  auto ids = ParseApiRequest(R"({"prompt": [1, 2, 99]})", false, {.vocab_size = 100});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 99}));
+  EXPECT_TRUE(ids->prompt.empty());
+  auto nested = ParseApiRequest(R"({"prompt": [[7, 8]]})", false, {.vocab_size = 100});
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_EQ(nested->prompt_ids, (std::vector<int32_t>{7, 8}));
+  // Any integer seed; a negative one as its two's complement.
+  auto neg = ParseApiRequest(R"({"prompt": "x", "seed": -1})", false, {});
+  ASSERT_TRUE(neg.ok()) << neg.status();
+  EXPECT_EQ(neg->sampling.seed, ~uint64_t{0});
+  // vLLM's extensions at their defaults change nothing and are accepted.
+  auto v = ParseApiRequest(R"({"prompt": "x", "min_p": 0, "skip_special_tokens": true,
+                               "add_generation_prompt": true, "stop_token_ids": [],
+                               "include_stop_str_in_output": false})",
+                           false, {});
+  EXPECT_TRUE(v.ok()) << v.status();
 }
 
 TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
@@ -90,6 +112,20 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
        "'tools' is not supported"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
        "'response_format' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "object"}})",
+       "'guided_json' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [2]})",
+       "'stop_token_ids' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "min_p": 0.1})",
+       "'min_p' is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": false})",
+       "'skip_special_tokens' is not supported"},
+      // At least one token; stream_options only with a stream.
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "'max_tokens'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})",
+       "'stream_options' needs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "stream": true, "stream_options": 1})",
+       "'stream_options' must be an object"},
   };
   for (const auto& [body, needle] : cases) {
     auto r = ParseApiRequest(body, true, {});
@@ -97,8 +133,21 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(needle), std::string::npos)
         << body << " -> " << r.status().message();
+    // The field named in the message is the error object's "param".
+    const std::string param = ParamOf(r.status());
+    if (!param.empty()) {
+      EXPECT_EQ(r.status().message().rfind("'" + param + "'", 0), 0u) << r.status().message();
+    }
   }
-  EXPECT_FALSE(ParseApiRequest(R"({"prompt": ["a"]})", false, {}).ok());
+  EXPECT_EQ(ParamOf(ParseApiRequest(R"({"messages": "hi"})", true, {}).status()), "messages");
+  // Prompts: one per request; token ids within the vocabulary.
+  for (const char* body : {R"({"prompt": ["a", "b"]})", R"({"prompt": []})", R"({"prompt": 1})",
+                           R"({"prompt": [1, -2]})", R"({"prompt": [1, 100]})",
+                           R"({"prompt": [1, "a"]})", R"({"prompt": [[1], [2]]})", R"({})"}) {
+    auto p = ParseApiRequest(body, false, {.vocab_size = 100});
+    ASSERT_FALSE(p.ok()) << body;
+    EXPECT_EQ(ParamOf(p.status()), "prompt") << body;
+  }
   EXPECT_NE(ParseApiRequest(R"({"prompt": "a", "logprobs": 21})", false, {})
                 .status()
                 .message()
@@ -127,6 +176,20 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
   const json e = json::parse(ErrorJson(429, "queue full"));
   EXPECT_EQ(e["error"]["type"], "rate_limit_error");
+  EXPECT_TRUE(e["error"].contains("param") && e["error"]["param"].is_null());
+  EXPECT_EQ(json::parse(ErrorJson(400, "bad", "messages"))["error"]["param"], "messages");
+  // A streamed completion's text_offset counts on from the characters streamed before.
+  ApiRequest cmpl;
+  cmpl.logprobs = true;
+  const std::vector<ApiLogprob> lps = {{"\xC3\xA9t", -0.5f, {}}, {"é", -1.0f, {}}};
+  const json s = json::parse(StreamChunk(cmpl, "id2", 5, "x", "", false, &lps, 7).substr(6));
+  EXPECT_EQ(s["choices"][0]["logprobs"]["text_offset"], json::array({7, 9}));
+  EXPECT_EQ(TextOffsetOf("\xC3\xA9t"), 2u);
+  // The models list and a model object; a name that needs escaping stays valid JSON.
+  const json list = json::parse(ModelsJson("a\"b", 8192, true));
+  EXPECT_EQ(list["object"], "list");
+  EXPECT_EQ(list["data"][0]["id"], "a\"b");
+  EXPECT_EQ(json::parse(ModelsJson("m", 4096, false))["max_model_len"], 4096);
 }
 
 TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
