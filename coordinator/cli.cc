@@ -169,7 +169,7 @@ int Run(int argc, char** argv) {
   std::vector<std::string> turns;
   for (const char* name : {"session", "prompts"}) {
     if (!f->Has(name)) continue;
-    auto t = ReadTexts(name, f->String(name, ""));
+    auto t = ReadTexts(StrCat("--", name), f->String(name, ""));
     if (!t.ok()) return Fail(t.status());
     turns = std::move(*t);
   }

@@ -77,7 +77,8 @@ int Client(int argc, char** argv) {
   if (f->help()) return PrintHelp();
   auto port = f->Int("port", 8001, 1, 65535);
   if (!port.ok()) return Fail(port.status());
-  auto max_tokens = f->Int("max-tokens", 256, 1, 1 << 20);
+  // 0 (not given): the server's default, what the context leaves.
+  auto max_tokens = f->Int("max-tokens", 0, 1, 1 << 20);
   if (!max_tokens.ok()) return Fail(max_tokens.status());
   auto sampling = Sampling(*f);
   if (!sampling.ok()) return Fail(sampling.status());

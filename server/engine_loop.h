@@ -21,9 +21,9 @@ namespace kvmesh::server {
 // A consistent copy of the engine's counters and histograms.
 struct EngineSnapshot {
   serving::SchedulerStats stats;
-  serving::Histogram ttft{serving::LatencyBuckets()};
+  serving::Histogram ttft{serving::LongLatencyBuckets()};
   serving::Histogram itl{serving::LatencyBuckets()};
-  serving::Histogram e2e{serving::LatencyBuckets()};
+  serving::Histogram e2e{serving::LongLatencyBuckets()};
   bool stopping = false;
 };
 
@@ -70,9 +70,9 @@ class EngineLoop {
   std::deque<Command> inbox_;  // guarded by mu_
   bool stop_ = false;          // guarded by mu_
   bool exited_ = false;        // guarded by mu_: Run has returned; Submit answers at once
-  std::chrono::steady_clock::time_point deadline_;     // guarded by mu_
-  EngineSnapshot snapshot_;                            // guarded by mu_
-  serving::Histogram e2e_{serving::LatencyBuckets()};  // loop thread only
+  std::chrono::steady_clock::time_point deadline_;         // guarded by mu_
+  EngineSnapshot snapshot_;                                // guarded by mu_
+  serving::Histogram e2e_{serving::LongLatencyBuckets()};  // loop thread only
 };
 
 }  // namespace kvmesh::server

@@ -15,6 +15,7 @@
 
 #include "server/auth.h"
 #include "server/listener.h"
+#include "server/max_tokens.h"
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "util/str_cat.h"
@@ -298,10 +299,10 @@ struct Session : std::enable_shared_from_this<Session> {
                     input),
           false);
     }
-    // Not given: what the context leaves (vLLM's rule), within what the KV pool holds for this
-    // sequence alone (a smaller pool than one context would otherwise refuse every such request).
-    const int64_t pool = int64_t{srv.engine.n_blocks()} * srv.engine.block_size() - n + 1;
-    const int64_t max_tokens = api->max_tokens.value_or(std::max<int64_t>(1, std::min(room, pool)));
+    // Not given: what the context and the KV pool leave (a pool smaller than one context would
+    // otherwise refuse every such request).
+    const int64_t max_tokens = api->max_tokens.value_or(
+        DefaultMaxTokens(n, ctx, int64_t{srv.engine.n_blocks()} * srv.engine.block_size()));
     if (max_tokens > room) {
       return Reply(http::status::bad_request,
                    ErrorJson(400,

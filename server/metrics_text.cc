@@ -1,6 +1,6 @@
 #include "server/metrics_text.h"
 
-#include <cstdio>
+#include <charconv>
 
 #include "util/str_cat.h"
 
@@ -8,15 +8,32 @@ namespace kvmesh::server {
 
 namespace {
 
+// The shortest text that reads back as v ("0.1", not "0.10000000000000001"), as Prometheus'
+// client libraries write numbers: label values like le="0.1" are matched as text.
 std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+// A label value as the text format escapes it: backslash, double quote and newline.
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
 }
 
 class Writer {
  public:
-  explicit Writer(const std::string& model) : labels_(StrCat("model_name=\"", model, "\"")) {}
+  explicit Writer(const std::string& model)
+      : labels_(StrCat("model_name=\"", LabelValue(model), "\"")) {}
   void Metric(const char* name, const char* type, const char* help, double value) {
     out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, "{",
                    labels_, "} ", Num(value), "\n");
@@ -49,7 +66,8 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
   w.Metric("kvmesh:kv_cache_usage_perc", "gauge",
            "Fraction of KV blocks referenced by requests and sessions (1 = full).",
            st.blocks_total > 0 ? static_cast<double>(st.blocks_used) / st.blocks_total : 0.0);
-  w.Metric("kvmesh:kv_cache_blocks_total", "gauge", "KV blocks in the pool (per rank).",
+  w.Metric("kvmesh:kv_cache_num_blocks", "gauge",
+           "KV blocks in the pool (one rank's, summed over data-parallel replicas).",
            st.blocks_total);
   w.Metric("kvmesh:kv_cache_blocks_cached", "gauge",
            "Unreferenced KV blocks kept for prefix reuse.", st.blocks_cached);
@@ -64,7 +82,11 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
            st.prompt_tokens_computed);
   w.Metric("kvmesh:generation_tokens_total", "counter", "Tokens generated.", st.generated_tokens);
   w.Metric("kvmesh:request_success_total", "counter", "Requests finished.", st.finished);
-  w.Metric("kvmesh:request_rejected_total", "counter", "Requests rejected at submission.",
+  w.Metric("kvmesh:request_failed_total", "counter",
+           "Requests ended by an error of the engine (a failed step).", st.failed);
+  w.Metric("kvmesh:request_rejected_total", "counter",
+           "Requests the scheduler refused at submission (queue full, larger than the KV pool, "
+           "invalid); not the API's own 4xx answers.",
            st.rejected);
   w.Metric("kvmesh:request_cancelled_total", "counter", "Requests cancelled.", st.cancelled);
   w.Histogram("kvmesh:time_to_first_token_seconds", "Time from submission to the first token.",

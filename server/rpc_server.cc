@@ -13,6 +13,7 @@
 #include "model/shard.h"
 #include "server/auth.h"
 #include "server/listener.h"
+#include "server/max_tokens.h"
 #include "server/rpc_frame.h"
 #include "server/rpc_sampling.h"
 #include "util/str_cat.h"
@@ -346,11 +347,17 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       req.prompt = tok.Encode(g.prompt(), true);
     }
     if (g.max_tokens() < 0) {
-      return Error(id, absl::InvalidArgumentError(
-                           StrCat("max_tokens must be >= 0 (0: 256), not ", g.max_tokens())));
+      return Error(
+          id, absl::InvalidArgumentError(StrCat(
+                  "max_tokens must be >= 0 (0: what the context leaves), not ", g.max_tokens())));
     }
-    req.max_tokens = g.max_tokens() > 0 ? g.max_tokens() : 256;
-    const int64_t room = srv.engine.ctx_size() - static_cast<int64_t>(req.prompt.size());
+    const int64_t n = static_cast<int64_t>(req.prompt.size());
+    const int64_t room = srv.engine.ctx_size() - n;
+    req.max_tokens = g.max_tokens() > 0
+                         ? g.max_tokens()
+                         : static_cast<int32_t>(DefaultMaxTokens(
+                               n, srv.engine.ctx_size(),
+                               int64_t{srv.engine.n_blocks()} * srv.engine.block_size()));
     if (room <= 0 || req.max_tokens > room) {
       return Error(id, absl::InvalidArgumentError(StrCat(
                            "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,

@@ -43,4 +43,10 @@ std::vector<double> LatencyBuckets() {
           0.5,   0.75,   1.0,   1.5,  2.0,  3.0,  5.0,  7.5,  10,  20,   30,  60};
 }
 
+std::vector<double> LongLatencyBuckets() {
+  std::vector<double> b = LatencyBuckets();
+  for (double s : {120, 240, 480, 960, 1920, 3840, 7680}) b.push_back(s);
+  return b;
+}
+
 }  // namespace kvmesh::serving

@@ -31,7 +31,10 @@ class Histogram {
   double sum_ = 0;
 };
 
-// Latency buckets in seconds, 1 ms to 60 s.
+// Latency buckets in seconds, 1 ms to 60 s (inter-token latency).
 std::vector<double> LatencyBuckets();
+// The same, then on to 7,680 s (about vLLM's range), for times a whole prompt or answer takes:
+// time to first token (queueing included) and end-to-end latency.
+std::vector<double> LongLatencyBuckets();
 
 }  // namespace kvmesh::serving

@@ -74,7 +74,7 @@ Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
       runner_(std::move(runner)),
       blocks_(opts.n_blocks),
       salt_(kvstore::CacheSalt(opts.cache_salt)),
-      ttft_(LatencyBuckets()),
+      ttft_(LongLatencyBuckets()),
       itl_(LatencyBuckets()),
       preempt_rng_(opts.preempt_seed) {}
 

@@ -148,7 +148,7 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--prompt", "x", "--session", "s.txt"},
                      "give exactly one of --prompt, --session and --prompts");
   ExpectOneLineError({"run", "--session", "/nonexistent/session.txt"},
-                     "cannot open session file '/nonexistent/session.txt'");
+                     "cannot open --session file '/nonexistent/session.txt'");
   ExpectOneLineError({"run", "--session", WriteTemp("bad.json", "[\"ok\", 3]")},
                      "every entry must be a string");
   ExpectOneLineError({"run", "--session", WriteTemp("broken.json", "[\"unterminated")},
@@ -159,7 +159,7 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"run", "--session", WriteTemp("broken.txt", "[\"a\",\n\"b\",,]\n")},
                      "not a JSON array of strings");
   ExpectOneLineError({"run", "--prompts", "/nonexistent/p.txt"},
-                     "cannot open prompts file '/nonexistent/p.txt'");
+                     "cannot open --prompts file '/nonexistent/p.txt'");
   ExpectOneLineError({"run", "--prompts", WriteTemp("p.txt", "hi\n"), "--test-preempt", "2"},
                      "--test-preempt");
   // serve --config: the YAML file is checked before anything starts.

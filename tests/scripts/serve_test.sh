@@ -221,6 +221,13 @@ python3 "$here/serve_test.py" "$url" auth s3cret || fail "auth"
 grep -q "the first frame must be Auth" "$work/err" || fail "rpc without a key: $(cat "$work/err")"
 "$bin" client health --port "$rpc" --api-key wrong >/dev/null 2>&1 && fail "rpc with a wrong key succeeded"
 [[ "$("$bin" client health --port "$rpc" --api-key s3cret)" == '{"status":"ok"}' ]] || fail "rpc with the key"
+# No --max-tokens: the server's default, what the context and this 4 MiB KV pool leave (at most
+# 175 tokens after a 2-token prompt), not a refusal.
+"$bin" client generate --port "$rpc" --api-key s3cret --prompt "Count:" --temperature 0 \
+  >/dev/null 2>"$work/err" || fail "rpc generate without --max-tokens: $(cat "$work/err")"
+gen="$(grep -o '[0-9]* generated' "$work/err" | cut -d' ' -f1)"
+[[ -n "$gen" && "$gen" -ge 1 && "$gen" -le 175 ]] || fail "rpc default max_tokens: $(cat "$work/err")"
+echo "serve rpc: no --max-tokens -> $gen tokens (what the pool leaves)"
 # 1 MiB announced by a client that has not authenticated.
 rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
 # A frame begun and never finished (--rpc-frame-timeout 2): an Error frame, then the connection

@@ -204,11 +204,21 @@ TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
   EXPECT_NE(t.find("# TYPE kvmesh:num_requests_running "
                    "gauge\nkvmesh:num_requests_running{model_name=\"m\"} 2\n"),
             std::string::npos);
-  EXPECT_NE(t.find("kvmesh:kv_cache_usage_perc{model_name=\"m\"} 0.40000000000000002"),
+  // Numbers as their shortest round-trip text: le="0.005", not "0.0050000000000000001".
+  EXPECT_NE(t.find("kvmesh:kv_cache_usage_perc{model_name=\"m\"} 0.4\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE kvmesh:kv_cache_num_blocks gauge\n"
+                   "kvmesh:kv_cache_num_blocks{model_name=\"m\"} 10\n"),
             std::string::npos);
+  EXPECT_EQ(t.find("_total gauge"), std::string::npos);  // _total is for counters
+  EXPECT_NE(t.find("kvmesh:request_failed_total{model_name=\"m\"} 0\n"), std::string::npos);
   EXPECT_NE(t.find("kvmesh:prefix_cache_hits_total{model_name=\"m\"} 99"), std::string::npos);
-  EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0."
-                   "0050000000000000001\"} 1"),
+  EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.005\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.1\"} 1\n"),
+            std::string::npos);
+  // TTFT's buckets reach past a minute (a long prompt on a CPU); a label value is escaped.
+  EXPECT_NE(t.find("le=\"7680\"} 2\n"), std::string::npos);
+  EXPECT_NE(PrometheusText(s, "a\"b\\c\nd").find("model_name=\"a\\\"b\\\\c\\nd\""),
             std::string::npos);
   EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 2"),
             std::string::npos);
