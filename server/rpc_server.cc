@@ -39,6 +39,9 @@ struct RpcServer::Impl {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   std::thread thread;
+  // Prompts are tokenised here, off the io thread (a 4 MiB prompt takes seconds; the io thread
+  // keeps serving every connection meanwhile). Declared after io: joined before io goes.
+  asio::thread_pool tokenizing{2};
   std::mutex conns_mu;
   std::set<std::shared_ptr<RpcConn>> conns;  // guarded by conns_mu
   bool shutting_down = false;                // io thread
@@ -73,6 +76,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   size_t out_bytes = 0;               // queued, not yet written
   bool read_paused = false;           // the client is not reading its replies
   asio::steady_timer frame_deadline;  // armed while a frame is partly received
+  asio::steady_timer auth_deadline;   // with a key: the Auth frame must come within the timeout
   bool deadline_armed = false;
   uint64_t frames_in = 0;  // complete frames received
 
@@ -83,7 +87,24 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                     ? s.opts.max_frame_bytes
                     : std::min(s.opts.max_frame_bytes, kMaxFrameBytesBeforeAuth)),
         authed(s.opts.api_key.empty()),
-        frame_deadline(s.io) {}
+        frame_deadline(s.io),
+        auth_deadline(s.io) {}
+
+  // Starts reading; with an API key, a client that has sent nothing within the frame timeout is
+  // failed and closed (an idle connection would otherwise be held forever, at no cost to it).
+  void Start() {
+    if (!authed) {
+      auth_deadline.expires_after(srv.opts.frame_timeout);
+      auth_deadline.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+        // A frame partly received is the frame deadline's (the first complete frame either
+        // authenticates or fails the connection).
+        if (ec || self->closed || self->authed || self->decoder.buffered() > 0) return;
+        self->Fail(0, absl::UnauthenticatedError(StrCat(
+                          "no Auth frame within ", self->srv.opts.frame_timeout.count(), " s")));
+      });
+    }
+    Read();
+  }
 
   // Fails the connection if, when it fires, a frame is still partly received and no frame has
   // completed since it was armed (while reading is paused for back-pressure, it waits again).
@@ -179,6 +200,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     if (closed) return;
     closed = true;
     frame_deadline.cancel();
+    auth_deadline.cancel();
     boost::system::error_code ignored;
     sock.shutdown(tcp::socket::shutdown_both, ignored);
     sock.close(ignored);
@@ -207,12 +229,16 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       case v1::Frame::kHealth:
         r.mutable_healthy()->set_status(srv.loop.Snapshot().stopping ? "stopping" : "ok");
         return Send(r);
-      case v1::Frame::kTokenize: {
-        for (int32_t t :
-             srv.engine.tokenizer().Encode(f.tokenize().text(), f.tokenize().parse_special())) {
-          r.mutable_tokenized()->add_ids(t);
-        }
-        return Send(r);
+      case v1::Frame::kTokenize: {  // off the io thread, as a prompt
+        asio::post(srv.tokenizing,
+                   [self = shared_from_this(), r = std::move(r), text = f.tokenize().text(),
+                    special = f.tokenize().parse_special()]() mutable {
+                     for (int32_t t : self->srv.engine.tokenizer().Encode(text, special)) {
+                       r.mutable_tokenized()->add_ids(t);
+                     }
+                     asio::post(self->srv.io, [self, r = std::move(r)] { self->Send(r); });
+                   });
+        return;
       }
       case v1::Frame::kClusterStatus:
         *r.mutable_cluster() = srv.Status();
@@ -328,51 +354,76 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                    absl::ResourceExhaustedError(StrCat("more than ", srv.opts.max_in_flight,
                                                        " requests in flight on this connection")));
     }
-    const auto& tok = srv.engine.tokenizer();
-    serving::Request req;
+    const model::ChatTemplate* tmpl = nullptr;
+    auto msgs = std::make_shared<std::vector<model::ChatMessage>>();
     if (g.messages_size() > 0) {
-      const model::ChatTemplate* tmpl = srv.engine.chat_template();
+      tmpl = srv.engine.chat_template();
       if (tmpl == nullptr)
         return Error(id, absl::InvalidArgumentError("the model has no chat template"));
-      std::vector<model::ChatMessage> msgs;
       for (const auto& m : g.messages()) {
         if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
           return Error(id, absl::InvalidArgumentError(
                                StrCat("role '", m.role(), "' is not system, user or assistant")));
         }
-        msgs.push_back({m.role(), m.content()});
+        msgs->push_back({m.role(), m.content()});
       }
-      req.prompt = tok.Encode(tmpl->Render(msgs, true), true);
-    } else {
-      req.prompt = tok.Encode(g.prompt(), true);
     }
     if (g.max_tokens() < 0) {
       return Error(
           id, absl::InvalidArgumentError(StrCat(
                   "max_tokens must be >= 0 (0: what the context leaves), not ", g.max_tokens())));
     }
+    auto sampling = SamplingFromProto(g.sampling());
+    if (!sampling.ok()) return Error(id, sampling.status());
+    // The id (and the session's turn) are taken while the prompt is tokenised; a cancel meanwhile
+    // waits in cancel_pending like one before the engine's id arrives.
+    live[id] = 0;
+    if (!session.empty()) srv.busy_sessions.insert(session);
+    serving::Request req;
+    req.sampling = *sampling;
+    req.session_id = g.session_id();
+    req.ignore_eos = g.ignore_eos();
+    const std::string user_turn = session.empty() || g.messages_size() == 0
+                                      ? ""
+                                      : g.messages(g.messages_size() - 1).content();
+    auto prompt = std::make_shared<std::string>(g.messages_size() > 0 ? "" : g.prompt());
+    const int32_t max_tokens = g.max_tokens();
+    asio::post(srv.tokenizing, [self = shared_from_this(), id, tmpl, msgs, prompt, max_tokens,
+                                session, opened, user_turn, req = std::move(req)]() mutable {
+      const auto& tok = self->srv.engine.tokenizer();
+      req.prompt =
+          tmpl != nullptr ? tok.Encode(tmpl->Render(*msgs, true), true) : tok.Encode(*prompt, true);
+      asio::post(self->srv.io, [self, id, max_tokens, session, opened, user_turn,
+                                req = std::move(req)]() mutable {
+        self->Submit(id, std::move(req), max_tokens, session, opened, user_turn);
+      });
+    });
+  }
+
+  // Generate's second half, on the io thread once the prompt is tokenised: the context check,
+  // then the engine.
+  void Submit(uint64_t id, serving::Request req, int32_t max_tokens, const std::string& session,
+              uint64_t opened, const std::string& user_turn) {
+    auto release = [&] {
+      live.erase(id);
+      cancel_pending.erase(id);
+      if (!session.empty()) srv.busy_sessions.erase(session);
+    };
+    if (closed) return release();
+    const auto& tok = srv.engine.tokenizer();
     const int64_t n = static_cast<int64_t>(req.prompt.size());
     const int64_t room = srv.engine.ctx_size() - n;
-    req.max_tokens = g.max_tokens() > 0
-                         ? g.max_tokens()
+    req.max_tokens = max_tokens > 0
+                         ? max_tokens
                          : static_cast<int32_t>(DefaultMaxTokens(
                                n, srv.engine.ctx_size(),
                                int64_t{srv.engine.n_blocks()} * srv.engine.block_size()));
     if (room <= 0 || req.max_tokens > room) {
+      release();
       return Error(id, absl::InvalidArgumentError(StrCat(
                            "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,
                            ") exceeds the context of ", srv.engine.ctx_size(), " tokens")));
     }
-    auto sampling = SamplingFromProto(g.sampling());
-    if (!sampling.ok()) return Error(id, sampling.status());
-    req.sampling = *sampling;
-    req.session_id = g.session_id();
-    req.ignore_eos = g.ignore_eos();
-    live[id] = 0;
-    if (!session.empty()) srv.busy_sessions.insert(session);
-    const std::string user_turn = session.empty() || g.messages_size() == 0
-                                      ? ""
-                                      : g.messages(g.messages_size() - 1).content();
     auto self = shared_from_this();
     auto pending = std::make_shared<std::string>();
     auto text = std::make_shared<std::string>();
@@ -477,7 +528,7 @@ void RpcServer::Impl::Accept() {
           std::lock_guard<std::mutex> lock(conns_mu);
           conns.insert(c);
         }
-        c->Read();
+        c->Start();
       });
 }
 

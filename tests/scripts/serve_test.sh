@@ -117,7 +117,7 @@ echo "serve rpc: oversized frame refused with an Error frame, connection closed"
 [[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
 # More sessions opened than the table holds (1024), never closed: the least recently used go,
 # so another client can still open one (frames encoded by hand: Frame{1: id, 7: SessionOpen}).
-python3 - "$rpc" <<'PY' || fail "rpc session table"
+python3 - "$rpc" <<'PY' || fail "rpc session table, max_tokens, tokenising off the io thread"
 import socket, struct, sys
 def frame(rid, sid):
     body = b"\x0a" + bytes([len(sid)]) + sid
@@ -152,6 +152,44 @@ t.sendall(struct.pack("<I", len(f)) + f)
 r = reply(t)
 assert b"max_tokens must be >= 0" in r, r
 print("serve rpc: a negative max_tokens is refused naming the field")
+# A 3.9 MB tokenize frame is tokenised off the io thread: health keeps answering on another
+# connection meanwhile (Frame{1: 7, 11: TokenizeRequest{1: text}}, Frame{1: id, 17: {}}).
+import threading, time
+def varint(n):
+    out = b""
+    while True:
+        out += bytes([(n & 0x7f) | (0x80 if n > 0x7f else 0)])
+        n >>= 7
+        if not n:
+            return out
+text = (b"the quick brown fox jumps over the lazy dog " * 90000)[:3900000]
+body = b"\x0a" + varint(len(text)) + text
+f = b"\x08\x07\x5a" + varint(len(body)) + body
+big = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+probe = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+done = []
+def tokenize():
+    t = time.time()
+    big.sendall(struct.pack("<I", len(f)) + f)
+    reply(big)
+    done.append(time.time() - t)
+th = threading.Thread(target=tokenize)
+th.start()
+waits = []
+while not done:
+    t = time.time()
+    h = b"\x08\x02\x8a\x01\x00"
+    probe.sendall(struct.pack("<I", len(h)) + h)
+    assert b"ok" in reply(probe)
+    waits.append(time.time() - t)
+    time.sleep(0.02)
+th.join()
+if done[0] < 0.3:
+    print(f"serve rpc: SKIPPED the health-while-tokenising check: 3.9 MB took only {done[0]:.2f} s")
+else:
+    assert max(waits) < done[0] / 2, (max(waits), done[0])
+    print(f"serve rpc: health answered in at most {max(waits) * 1000:.0f} ms while a 3.9 MB "
+          f"tokenize frame took {done[0]:.2f} s")
 PY
 
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
@@ -230,6 +268,16 @@ gen="$(grep -o '[0-9]* generated' "$work/err" | cut -d' ' -f1)"
 echo "serve rpc: no --max-tokens -> $gen tokens (what the pool leaves)"
 # 1 MiB announced by a client that has not authenticated.
 rpc_frame_refused $((1 << 20)) || fail "rpc frame limit before auth"
+# A connection that never authenticates is closed after the frame timeout (2 s), with an Error.
+python3 - "$rpc" <<'PY' || fail "rpc idle connection before auth"
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+t, data = time.time(), b""
+while chunk := s.recv(4096):
+    data += chunk
+assert b"no Auth frame within 2 s" in data and 1.5 <= time.time() - t <= 10, (data, time.time() - t)
+PY
+echo "serve rpc auth: a connection that sends no Auth frame is closed after 2 s"
 # A frame begun and never finished (--rpc-frame-timeout 2): an Error frame, then the connection
 # closes, 2 s after the last progress; before, a stalled client held its buffer forever.
 rpc_partial_frame 100 0801 "a frame was not completed within 2 s" 1.5 10 || fail "rpc frame deadline"
