@@ -47,6 +47,9 @@ std::set<std::string> With(std::set<std::string> a, const std::set<std::string>&
 
 int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req);
 
+// A completion's prefill time: its time to first token or, with no token generated, all of it.
+double PrefillMs(const serving::Completion& c) { return c.tokens.empty() ? c.total_ms : c.ttft_ms; }
+
 // Runs each turn as the next user message of one conversation, reusing the KV of everything
 // the previous turns computed (unless --no-prefix-reuse), and prints each answer with its
 // time to first token and the number of prompt tokens served from the cache.
@@ -72,7 +75,7 @@ int SessionLeader(const Flags& f, serving::ServingEngine& se, serving::Request r
                 {"cached_tokens", r->cached_tokens},
                 {"ttft_ms", r->ttft_ms},
                 {"tokens", r->tokens},
-                {"decode_ms", r->total_ms - r->ttft_ms}};
+                {"decode_ms", r->total_ms - PrefillMs(*r)}};
       j["text"] = text;
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } else {
@@ -226,8 +229,7 @@ int RunLeader(const Flags& f, serving::ServingEngine& se, serving::Request req) 
   auto r = se.Generate(req, on_token);
   if (!r.ok()) return Fail(r.status());
   if (!r->status.ok()) return Fail(r->status);
-  // Without a generated token there is no first-token time: the whole run was prefill.
-  const double prefill_ms = r->tokens.empty() ? r->total_ms : r->ttft_ms;
+  const double prefill_ms = PrefillMs(*r);
   const double decode_ms = r->total_ms - prefill_ms;
   const std::string text = se.Text(r->tokens);
   if (as_json) {

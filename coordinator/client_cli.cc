@@ -82,19 +82,8 @@ int Client(int argc, char** argv) {
   if (!max_tokens.ok()) return Fail(max_tokens.status());
   auto sampling = Sampling(*f);
   if (!sampling.ok()) return Fail(sampling.status());
-  // As serve takes them: one or the other, and not empty.
-  if (f->Has("api-key") && f->Has("api-key-file")) {
-    return Fail(absl::InvalidArgumentError("client: give --api-key or --api-key-file, not both"));
-  }
-  std::string key = f->String("api-key", "");
-  if (f->Has("api-key") && key.empty()) {
-    return Fail(absl::InvalidArgumentError("client: --api-key is empty"));
-  }
-  if (f->Has("api-key-file")) {
-    auto k = ReadKeyFile(f->String("api-key-file", ""));
-    if (!k.ok()) return Fail(k.status());
-    key = std::move(*k);
-  }
+  auto key = ApiKeyFromFlags(*f, "client: ");
+  if (!key.ok()) return Fail(key.status());
   // Each action's required flags are checked, and a session's turns read, before connecting (a
   // missing flag or a bad file is not a network error).
   if (action == "tokenize" && !f->Has("text")) {
@@ -115,8 +104,8 @@ int Client(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status());
     turns = std::move(*t);
   }
-  auto c =
-      server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port), key);
+  auto c = server::RpcClient::Connect(f->String("host", "127.0.0.1"), static_cast<uint16_t>(*port),
+                                      *key);
   if (!c.ok()) return Fail(c.status());
   v1::Frame req;
   if (action == "health" || action == "status" || action == "stats" || action == "tokenize") {

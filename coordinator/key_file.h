@@ -1,6 +1,6 @@
 // An API key read from a file (--api-key-file): its first line, at most 4 KiB, trailing blanks
 // and CR dropped. A directory, a device without lines (/dev/zero), NUL bytes or an empty key
-// are errors naming the file.
+// are errors naming the file. ApiKeyFromFlags: the key serve and client were given.
 #pragma once
 
 #include <cctype>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/flags.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::coordinator {
@@ -36,6 +37,22 @@ inline absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
   while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
   if (line.empty()) return absl::InvalidArgumentError("--api-key-file is empty");
   return line;
+}
+
+// --api-key, or the first line of --api-key-file: one or the other, and not empty (an empty key
+// would turn authentication off: a script passing an unset variable); "" if neither is given.
+// Messages name the flags as f spells them, after `who` ("client: ").
+inline absl::StatusOr<std::string> ApiKeyFromFlags(const Flags& f, std::string_view who = "") {
+  if (f.Has("api-key") && f.Has("api-key-file")) {
+    return absl::InvalidArgumentError(StrCat(who, "give ", f.Spelling("api-key"), " or ",
+                                             f.Spelling("api-key-file"), ", not both"));
+  }
+  if (f.Has("api-key-file")) return ReadKeyFile(f.String("api-key-file", ""));
+  std::string key = f.String("api-key", "");
+  if (f.Has("api-key") && key.empty()) {
+    return absl::InvalidArgumentError(StrCat(who, f.Spelling("api-key"), " is empty"));
+  }
+  return key;
 }
 
 }  // namespace kvmesh::coordinator

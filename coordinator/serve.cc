@@ -39,10 +39,10 @@ int Serve(int argc, char** argv) {
     // --prefix-reuse turns reuse back on over the file's enable_prefix_caching: false.
     if (f->Has("prefix-reuse")) cfg->erase("no-prefix-reuse");
     // Messages about the file's values name its key and the file.
+    const std::string path = f->String("config", "");
     std::map<std::string, std::string> spellings;
     for (const auto& [flag, value] : *cfg) {
-      spellings[flag] =
-          StrCat("'", ConfigKeyOf(flag), "' in --config '", f->String("config", ""), "'");
+      spellings[flag] = StrCat("'", ConfigKeyOf(flag), "' in --config '", path, "'");
     }
     f->AddDefaults(*cfg, spellings);
   }
@@ -59,20 +59,9 @@ int Serve(int argc, char** argv) {
   if (!body.ok()) return Fail(body.status());
   ho.max_body_bytes = static_cast<size_t>(*body);
   ho.model_name = f->String("served-model-name", ho.model_name);
-  if (f->Has("api-key") && f->Has("api-key-file")) {
-    return Fail(absl::InvalidArgumentError(StrCat("give ", f->Spelling("api-key"), " or ",
-                                                  f->Spelling("api-key-file"), ", not both")));
-  }
-  ho.api_key = f->String("api-key", "");
-  if (f->Has("api-key") && ho.api_key.empty()) {
-    // An empty key would turn authentication off (a script passing an unset variable).
-    return Fail(absl::InvalidArgumentError(StrCat(f->Spelling("api-key"), " is empty")));
-  }
-  if (f->Has("api-key-file")) {
-    auto key = ReadKeyFile(f->String("api-key-file", ""));
-    if (!key.ok()) return Fail(key.status());
-    ho.api_key = std::move(*key);
-  }
+  auto key = ApiKeyFromFlags(*f);
+  if (!key.ok()) return Fail(key.status());
+  ho.api_key = std::move(*key);
   Launch launch;
   if (auto s = SetUp(*f, launch); !s.ok()) return Fail(s);
   if (launch.rank != 0) {

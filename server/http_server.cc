@@ -301,8 +301,7 @@ struct Session : std::enable_shared_from_this<Session> {
     }
     // Not given: what the context and the KV pool leave (a pool smaller than one context would
     // otherwise refuse every such request).
-    const int64_t max_tokens = api->max_tokens.value_or(
-        DefaultMaxTokens(n, ctx, int64_t{srv.engine.n_blocks()} * srv.engine.block_size()));
+    const int64_t max_tokens = api->max_tokens.value_or(DefaultMaxTokens(srv.engine, n));
     if (max_tokens > room) {
       return Reply(http::status::bad_request,
                    ErrorJson(400,

@@ -281,8 +281,6 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
                         "min_tokens",
                         "stop_token_ids",
                         "include_stop_str_in_output",
-                        "skip_special_tokens",
-                        "add_generation_prompt",
                         "continue_final_message",
                         "chat_template_kwargs",
                         "prompt_logprobs",
@@ -295,16 +293,19 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     if (it == j.end() || it->is_null()) continue;
     const std::string_view name(f);
     const bool harmless =
-        (it->is_boolean() && !it->get<bool>() && name != "skip_special_tokens" &&
-         name != "add_generation_prompt") ||  // "echo": false
-        (it->is_boolean() && it->get<bool>() &&
-         (name == "skip_special_tokens" || name == "add_generation_prompt")) ||  // their defaults
+        (it->is_boolean() && !it->get<bool>()) ||  // "echo": false
         (it->is_number() && *it == 0 && (name == "min_p" || name == "min_tokens")) ||
         (it->is_array() && it->empty()) ||   // "tools": []
         (it->is_object() && it->empty()) ||  // "logit_bias": {}
         (name == "best_of" && *it == 1) || (name == "tool_choice" && *it == "none") ||
         (name == "response_format" && it->is_object() && it->value("type", json()) == "text");
     if (!harmless) return Bad(f, "is not supported by this server");
+  }
+  // vLLM's switches that are on by default: accepted on.
+  for (const char* f : {"skip_special_tokens", "add_generation_prompt"}) {
+    if (auto it = j.find(f); it != j.end() && !it->is_null() && *it != true) {
+      return Bad(f, "is not supported by this server");
+    }
   }
   if (r.sampling.top_k < 0) r.sampling.top_k = 0;
   return r;

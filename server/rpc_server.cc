@@ -355,7 +355,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                                                        " requests in flight on this connection")));
     }
     const model::ChatTemplate* tmpl = nullptr;
-    auto msgs = std::make_shared<std::vector<model::ChatMessage>>();
+    std::vector<model::ChatMessage> msgs;
     if (g.messages_size() > 0) {
       tmpl = srv.engine.chat_template();
       if (tmpl == nullptr)
@@ -365,7 +365,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
           return Error(id, absl::InvalidArgumentError(
                                StrCat("role '", m.role(), "' is not system, user or assistant")));
         }
-        msgs->push_back({m.role(), m.content()});
+        msgs.push_back({m.role(), m.content()});
       }
     }
     if (g.max_tokens() < 0) {
@@ -386,13 +386,14 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     const std::string user_turn = session.empty() || g.messages_size() == 0
                                       ? ""
                                       : g.messages(g.messages_size() - 1).content();
-    auto prompt = std::make_shared<std::string>(g.messages_size() > 0 ? "" : g.prompt());
+    std::string prompt = g.messages_size() > 0 ? "" : g.prompt();
     const int32_t max_tokens = g.max_tokens();
-    asio::post(srv.tokenizing, [self = shared_from_this(), id, tmpl, msgs, prompt, max_tokens,
-                                session, opened, user_turn, req = std::move(req)]() mutable {
+    asio::post(srv.tokenizing, [self = shared_from_this(), id, tmpl, msgs = std::move(msgs),
+                                prompt = std::move(prompt), max_tokens, session, opened, user_turn,
+                                req = std::move(req)]() mutable {
       const auto& tok = self->srv.engine.tokenizer();
       req.prompt =
-          tmpl != nullptr ? tok.Encode(tmpl->Render(*msgs, true), true) : tok.Encode(*prompt, true);
+          tmpl != nullptr ? tok.Encode(tmpl->Render(msgs, true), true) : tok.Encode(prompt, true);
       asio::post(self->srv.io, [self, id, max_tokens, session, opened, user_turn,
                                 req = std::move(req)]() mutable {
         self->Submit(id, std::move(req), max_tokens, session, opened, user_turn);
@@ -400,26 +401,25 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     });
   }
 
+  // Frees what Generate took for request `id`: its id, and its session's turn.
+  void Release(uint64_t id, const std::string& session) {
+    live.erase(id);
+    cancel_pending.erase(id);
+    if (!session.empty()) srv.busy_sessions.erase(session);
+  }
+
   // Generate's second half, on the io thread once the prompt is tokenised: the context check,
   // then the engine.
   void Submit(uint64_t id, serving::Request req, int32_t max_tokens, const std::string& session,
               uint64_t opened, const std::string& user_turn) {
-    auto release = [&] {
-      live.erase(id);
-      cancel_pending.erase(id);
-      if (!session.empty()) srv.busy_sessions.erase(session);
-    };
-    if (closed) return release();
+    if (closed) return Release(id, session);
     const auto& tok = srv.engine.tokenizer();
     const int64_t n = static_cast<int64_t>(req.prompt.size());
     const int64_t room = srv.engine.ctx_size() - n;
-    req.max_tokens = max_tokens > 0
-                         ? max_tokens
-                         : static_cast<int32_t>(DefaultMaxTokens(
-                               n, srv.engine.ctx_size(),
-                               int64_t{srv.engine.n_blocks()} * srv.engine.block_size()));
+    req.max_tokens =
+        max_tokens > 0 ? max_tokens : static_cast<int32_t>(DefaultMaxTokens(srv.engine, n));
     if (room <= 0 || req.max_tokens > room) {
-      release();
+      Release(id, session);
       return Error(id, absl::InvalidArgumentError(StrCat(
                            "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,
                            ") exceeds the context of ", srv.engine.ctx_size(), " tokens")));
@@ -446,9 +446,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     cb.on_done = [self, id, pending, text, session, opened, user_turn,
                   &io](const serving::Completion& c) {
       asio::post(io, [self, id, pending, text, session, opened, user_turn, c] {
-        self->live.erase(id);
-        self->cancel_pending.erase(id);
-        if (!session.empty()) self->srv.busy_sessions.erase(session);
+        self->Release(id, session);
         if (!c.status.ok() && !absl::IsCancelled(c.status)) return self->Error(id, c.status);
         *text += *pending;
         if (!session.empty() && c.status.ok()) {
@@ -476,9 +474,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                     [self, id, session, &io](absl::StatusOr<serving::RequestId> got) {
                       asio::post(io, [self, id, session, got] {
                         if (!got.ok()) {
-                          self->live.erase(id);
-                          self->cancel_pending.erase(id);
-                          if (!session.empty()) self->srv.busy_sessions.erase(session);
+                          self->Release(id, session);
                           return self->Error(id, got.status());
                         }
                         auto it = self->live.find(id);

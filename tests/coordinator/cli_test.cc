@@ -327,6 +327,10 @@ TEST(Cli, RealModelCommands) {
   EXPECT_GT(nj.at("prefill_ms").get<double>(), 0.0);
   EXPECT_EQ(nj.at("decode_ms").get<double>(), 0.0);
   EXPECT_GT(nj.at("prefill_tokens_per_s").get<double>(), 0.0);
+  const Result none_turn = Kvmesh({"run", "--model", model, "--max-tokens", "0", "--json",
+                                   "--session", WriteTemp("session_none.txt", "Hello there\n")});
+  ASSERT_EQ(none_turn.code, 0) << none_turn.err;
+  EXPECT_EQ(nlohmann::json::parse(none_turn.out).at("decode_ms").get<double>(), 0.0);
 
   // A two-turn session (one turn per line): the second turn reuses the first turn's KV.
   const Result ses =
