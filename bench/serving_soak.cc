@@ -157,6 +157,15 @@ int Main(int argc, char** argv) {
   names.insert({"model", "seconds", "seed", "preempt"});
   auto f = coordinator::Flags::Parse(argc, argv, 1, names, {});
   if (!f.ok()) return coordinator::Fail(f.status());
+  if (f->help()) {
+    std::fputs(
+        "usage: serving_soak [--seconds 600] [--model PATH] [--threads N] [--kv-cache-mem MiB]\n"
+        "    [--seed S] [--preempt P] [--activation-bits 16|8] [other launch flags]\n"
+        "Random requests, sessions, cancellations and forced preemption on a small KV pool;\n"
+        "exits non-zero on the first violation (bench/serving_soak.cc).\n",
+        stdout);
+    return 0;
+  }
   // A small pool and batch, so preemption and eviction are constant.
   f->AddDefaults({{"ctx-size", "2048"},
                   {"kv-cache-mem", "12"},

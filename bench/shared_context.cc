@@ -38,6 +38,14 @@ namespace kvmesh::bench {
 namespace {
 
 using nlohmann::json;
+
+constexpr char kUsage[] =
+    "usage: shared_context_bench [--model PATH] [--threads N] [--contexts 1024,4096,8192]\n"
+    "    [--kind kv|code|prose] [--concurrency 1,4,16] [--decode-tokens 64] [--reps 3]\n"
+    "    [--kv-cache-mem MiB] [--activation-bits 16|8] [--attention-bits 32|16]\n"
+    "    [--decode-only] [--phases] [--compare-attention] [--json]\n"
+    "TTFT per turn with prefix reuse on and off (multi-turn and multi-request), then decode\n"
+    "tokens/s at each concurrency over one shared context (bench/shared_context.cc).\n";
 using Clock = std::chrono::steady_clock;
 
 struct Workload {
@@ -200,6 +208,10 @@ int Main(int argc, char** argv) {
        "reps", "activation-bits", "attention-bits"},
       {"json", "decode-only", "phases", "compare-attention"});
   if (!f.ok()) return coordinator::Fail(f.status());
+  if (f->help()) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   worker::EngineOptions o;
   o.model_path = coordinator::ModelPath(*f);
   o.threads = static_cast<int>(f->Int("threads", 0, 0, 1024).value_or(0));

@@ -146,6 +146,30 @@ struct Primitives {
   // attention gives them several rows' heads in one call, as many as fit (0: never). The bits
   // are the same either way.
   int64_t pair_heads = 0;
+  // The same chunk step with the query heads in vector lanes, for many heads over the same keys
+  // (a shared prefix's rows, or prefill rows below the diagonal): H heads, head h's values at
+  // [x * hs + h] of a [d][hs] array (hs a multiple of 16 holding H), K staged as qk_t's kt, V
+  // staged as fp32 rows vf [n][d] (d a multiple of 16), scores st [n][hs]. Each head's bits are
+  // those of qk_t, exp_shifted_sum and pv over the same chunk: a multiply-add chain per (head,
+  // key) in dim order, the exps' sum in this table's exp_shifted_sum order, and per (head, dim)
+  // a chain over the keys in order. With heads in lanes, a K or V value is one broadcast for 16
+  // heads and no vector is converted inside the loops (qk_t_f16 / pv_f16 convert one per 12-24
+  // multiply-adds), so the loops are the fused multiply-adds and their operands' loads.
+  //   qk_lanes: st[j * hs + h] = dot(qt_h, k_j) for j < n; chunk_max[h] = max of them.
+  //   exp_lanes: st[j * hs + h] = exp(st[j * hs + h] - shift[h]) in place; sums[h] = their sum.
+  //   pv_lanes: ot[x * hs + h] = ot[x * hs + h] * rescale[h], then += st[j * hs + h] * vf[j * d +
+  //     x] over j < n.
+  // Lanes past H are computed too (a caller keeps them finite: zero queries). qk_lanes and
+  // pv_lanes ask for the lines in *ahead (may be null) as qk_t_f16 does. Optional (null: the
+  // table has none; attention then runs pair_heads passes).
+  void (*qk_lanes)(const float* qt, int64_t hs, int64_t H, int64_t d, const float* kt, int64_t kts,
+                   int64_t n, float* st, float* chunk_max, Ahead* ahead) = nullptr;
+  void (*exp_lanes)(float* st, int64_t hs, int64_t H, const float* shift, int64_t n,
+                    float* sums) = nullptr;
+  void (*pv_lanes)(const float* st, int64_t hs, int64_t H, int64_t d, const float* vf, int64_t n,
+                   const float* rescale, float* ot, Ahead* ahead) = nullptr;
+  // Fewest heads (rows x their query heads) for which attention takes the lane kernels.
+  int64_t lane_heads = 0;
   // bf16 attention (opt-in: PagedAttentionArgs::bf16), over a cache that holds bf16 pairs
   // (kernels/ops.h). Operands are bf16 (Bf16Of below), held as pairs in a uint32 (element 2i in
   // the low half, 2i + 1 in the high half); products are exact in fp32. Sums run in groups of

@@ -623,6 +623,151 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
   }
 }
 
+// The lane kernels (heads in vector lanes) against the table's qk_t / exp_shifted_sum / pv, one
+// head at a time, to the bit: scores, exps, sums and outputs over chunks of 1 to 64 keys, for
+// head counts that fill their vectors and ones that do not, from a record that has seen keys.
+TEST_P(IsaTest, LaneAttentionKernelsGiveEachHeadsBits) {
+  const auto& p = cpu::Prims();
+  if (p.qk_lanes == nullptr) GTEST_SKIP() << "the " << IsaName(GetParam()) << " table has none";
+  const int64_t d = 64, kc = 64;
+  for (const int64_t H : {1, 16, 45, 48, 96, 100}) {
+    for (const int64_t n : {64, 37, 1}) {
+      const int64_t hs = (H + 15) / 16 * 16;
+      const auto q = Randn(H * d, 40 + static_cast<uint32_t>(H), 0.125f);
+      std::vector<float> kt(d * kc), vf(kc * d);  // fp16 values, as staged from the cache
+      const auto kr = Randn(kt.size(), 41), vr = Randn(vf.size(), 42);
+      for (size_t i = 0; i < kt.size(); ++i) kt[i] = Fp16ToFloat(FloatToFp16(kr[i]));
+      for (size_t i = 0; i < vf.size(); ++i) vf[i] = Fp16ToFloat(FloatToFp16(vr[i]));
+      const auto o0 = Randn(H * d, 43);
+      const auto m0 = Randn(H, 44, 0.5f);
+      std::vector<float> qt(d * hs, 0.0f), ot(d * hs, 0.0f), st(kc * hs), cmax(hs), sums(hs),
+          rescale(hs, 1.0f);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t x = 0; x < d; ++x) {
+          qt[x * hs + h] = q[h * d + x];
+          ot[x * hs + h] = o0[h * d + x];
+        }
+      }
+      p.qk_lanes(qt.data(), hs, H, d, kt.data(), kc, n, st.data(), cmax.data(), nullptr);
+      for (int64_t h = 0; h < H; ++h) cmax[h] = std::max(m0[h], cmax[h]);
+      std::vector<float> raw(st);
+      p.exp_lanes(st.data(), hs, H, cmax.data(), n, sums.data());
+      for (int64_t h = 0; h < H; ++h) rescale[h] = std::exp(m0[h] - cmax[h]);
+      p.pv_lanes(st.data(), hs, H, d, vf.data(), n, rescale.data(), ot.data(), nullptr);
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<float> sc(kc), o(d);
+        float mx = -std::numeric_limits<float>::infinity();
+        p.qk_t(q.data() + h * d, 1, d, kt.data(), kc, n, 1.0f, sc.data(), kc, &mx);
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(sc[j]), std::bit_cast<uint32_t>(raw[j * hs + h]))
+              << "score, H " << H << " n " << n << " head " << h << " key " << j;
+        }
+        ASSERT_EQ(std::max(m0[h], mx), cmax[h]) << "maximum, H " << H << " n " << n;
+        const float sum = p.exp_shifted_sum(sc.data(), cmax[h], sc.data(), n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(sum), std::bit_cast<uint32_t>(sums[h]))
+            << "sum, H " << H << " n " << n << " head " << h;
+        for (int64_t x = 0; x < d; ++x) o[x] = o0[h * d + x] * rescale[h];
+        p.pv(sc.data(), kc, 1, d, vf.data(), n, o.data(), d);
+        for (int64_t x = 0; x < d; ++x) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(o[x]), std::bit_cast<uint32_t>(ot[x * hs + h]))
+              << "output, H " << H << " n " << n << " head " << h << " dim " << x;
+        }
+      }
+    }
+  }
+}
+
+// Tasks with enough heads run in lanes (16 decode rows over a shared prefix: 48 heads; 32 rows
+// of a prefill below the diagonal: 96): each decode row gives its bits alone (one row, no
+// lanes), each prefill row its bits in chunks of 8 rows (24 heads, no lanes), and both are near
+// a naive softmax.
+TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
+  const int64_t bs = 16, n_heads = 9, n_kv = 3, hd = 64, stride = n_kv * hd;
+  const int64_t prefix = 1100, own = 40, n_dec = 16, pre_rows = 40, pre_pos0 = 700;
+  // Blocks: the shared prefix's, then each decode sequence's own, then the prefill's.
+  const int64_t pb = (prefix + bs - 1) / bs, ob = (own + bs) / bs;
+  const int64_t fb = (pre_pos0 + pre_rows + bs - 1) / bs;
+  const int64_t n_blocks = pb + n_dec * ob + fb;
+  std::vector<std::vector<int32_t>> tables(n_dec + 1);
+  for (int64_t s = 0; s < n_dec; ++s) {
+    for (int64_t b = 0; b < pb; ++b) tables[s].push_back(static_cast<int32_t>(b));
+    for (int64_t b = 0; b < ob; ++b) tables[s].push_back(static_cast<int32_t>(pb + s * ob + b));
+  }
+  for (int64_t b = 0; b < fb; ++b)
+    tables[n_dec].push_back(static_cast<int32_t>(pb + n_dec * ob + b));
+  const auto kf = Randn(n_blocks * bs * stride, 51), vf = Randn(n_blocks * bs * stride, 52);
+  std::vector<uint16_t> k(kf.size()), v(vf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    k[i] = FloatToFp16(kf[i]);
+    v[i] = FloatToFp16(vf[i]);
+  }
+  std::vector<AttentionSeq> batch;
+  int64_t rows = 0;
+  for (int64_t s = 0; s < n_dec; ++s) {
+    // Own keys 1..40 after the prefix's partial last block (shared blocks end at 1088).
+    const int64_t keys = pb * bs + 1 + (s * 7) % own;
+    batch.push_back({rows++, 1, keys - 1, tables[s].data()});
+  }
+  batch.push_back({rows, pre_rows, pre_pos0, tables[n_dec].data()});
+  rows += pre_rows;
+  const auto q = Randn(rows * n_heads * hd, 53, 0.5f);
+  const float scale = 0.125f;
+  auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows) {
+    ThreadPool pool(2);
+    std::vector<float> out(n_rows * n_heads * hd, 99.0f);
+    PagedAttentionCpu({qp, k.data(), v.data(), out.data(), n_heads, n_kv, hd, stride, bs,
+                       bs * stride, b.data(), static_cast<int64_t>(b.size()), scale},
+                      pool);
+    return out;
+  };
+  const auto together = run(batch, q.data(), rows);
+  const int64_t row_elems = n_heads * hd;
+  for (int64_t s = 0; s < n_dec; ++s) {
+    const std::vector<AttentionSeq> one = {{0, 1, batch[s].pos0, tables[s].data()}};
+    const auto alone = run(one, q.data() + s * row_elems, 1);
+    EXPECT_EQ(0,
+              std::memcmp(alone.data(), together.data() + s * row_elems, row_elems * sizeof(float)))
+        << "decode sequence " << s;
+  }
+  for (int64_t r0 = 0; r0 < pre_rows; r0 += 8) {
+    const std::vector<AttentionSeq> part = {{0, 8, pre_pos0 + r0, tables[n_dec].data()}};
+    const auto chunk = run(part, q.data() + (n_dec + r0) * row_elems, 8);
+    EXPECT_EQ(0, std::memcmp(chunk.data(), together.data() + (n_dec + r0) * row_elems,
+                             8 * row_elems * sizeof(float)))
+        << "prefill rows " << r0 << "-" << r0 + 7;
+  }
+  // Near a naive float64 softmax: decode sequence 5 and prefill row 33.
+  for (const auto [s, t] : {std::pair<int64_t, int64_t>{5, 0}, {n_dec, 33}}) {
+    const int64_t row = batch[s].token0 + t, keys = batch[s].pos0 + t + 1;
+    std::vector<double> ref(row_elems);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t kvh = h / 3;
+      auto base = [&](int64_t pos) { return tables[s][pos / bs] * bs * stride; };
+      std::vector<double> sc(keys);
+      double mx = -1e300, z = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double dot = 0;
+        for (int64_t x = 0; x < hd; ++x) {
+          dot += q[row * row_elems + h * hd + x] *
+                 Fp16ToFloat(k[base(j) + (kvh * hd + x) * bs + j % bs]);
+        }
+        mx = std::max(mx, sc[j] = dot * scale);
+      }
+      for (auto& e : sc) z += (e = std::exp(e - mx));
+      for (int64_t x = 0; x < hd; ++x) {
+        double o = 0;
+        for (int64_t j = 0; j < keys; ++j) {
+          o += sc[j] / z * Fp16ToFloat(v[base(j) + (j % bs) * stride + kvh * hd + x]);
+        }
+        ref[h * hd + x] = o;
+      }
+    }
+    const std::vector<float> got(together.begin() + row * row_elems,
+                                 together.begin() + (row + 1) * row_elems);
+    EXPECT_LT(RelL2(got, ref), 1e-5) << "sequence " << s << ", row " << t;
+  }
+}
+
 // bf16 attention (PagedAttentionArgs::bf16) over a cache of bf16 pairs: a batch gives each
 // sequence's bits alone, and the result is near an exact softmax over the cache's bf16 values.
 TEST_P(IsaTest, Bf16PagedAttentionMatchesReferenceAndIsBatchInvariant) {
