@@ -235,16 +235,14 @@ void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const 
                    const std::vector<const void*>& side) {
   const int64_t d = a.head_dim, stride = 2 + d, H = task.n_rows * hn, hs = (H + 15) / 16 * 16;
   struct Scratch {
-    util::AlignedVector<float> q, o, st, kt, vf, m, l, cmax, sums, rescale;
+    util::AlignedVector<float> rows, q, o, st, kt, vf, m, l, cmax, sums, rescale;
   };
   thread_local Scratch ls;
+  ls.rows.resize(static_cast<size_t>(H * d));  // [head][dim], for the transposes
+  for (int64_t i = 0; i < task.n_rows; ++i)
+    std::copy_n(q_of(i), hn * d, ls.rows.data() + i * hn * d);
   ls.q.assign(static_cast<size_t>(d * hs), 0.0f);  // lanes past H: zero queries
-  for (int64_t i = 0; i < task.n_rows; ++i) {
-    const float* qi = q_of(i);
-    for (int64_t g = 0; g < hn; ++g) {
-      for (int64_t x = 0; x < d; ++x) ls.q[x * hs + i * hn + g] = qi[g * d + x];
-    }
-  }
+  p.transpose_f32(ls.rows.data(), d, ls.q.data(), hs, H, d);
   ls.o.assign(static_cast<size_t>(d * hs), 0.0f);
   ls.m.assign(static_cast<size_t>(hs), -std::numeric_limits<float>::infinity());
   ls.l.assign(static_cast<size_t>(hs), 0.0f);
@@ -293,6 +291,7 @@ void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const 
     std::swap(runs, next_runs);
     n_runs = n_next;
   }
+  p.transpose_f32(ls.o.data(), hs, ls.rows.data(), d, d, H);
   for (int64_t i = 0; i < task.n_rows; ++i) {
     float* rec = rec_of(i);
     for (int64_t g = 0; g < hn; ++g) {
@@ -300,7 +299,7 @@ void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const 
       float* r = rec + g * stride;
       r[0] = ls.m[h];
       r[1] = ls.l[h];
-      for (int64_t x = 0; x < d; ++x) r[2 + x] = ls.o[x * hs + h];
+      std::copy_n(ls.rows.data() + h * d, d, r + 2);
     }
   }
 }

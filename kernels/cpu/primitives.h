@@ -168,6 +168,10 @@ struct Primitives {
                     float* sums) = nullptr;
   void (*pv_lanes)(const float* st, int64_t hs, int64_t H, int64_t d, const float* vf, int64_t n,
                    const float* rescale, float* ot, Ahead* ahead) = nullptr;
+  // dst[c * ds + r] = src[r * ss + c] for r < rows, c < cols: the lane path's queries into lanes
+  // and its outputs back. Set with the lane kernels.
+  void (*transpose_f32)(const float* src, int64_t ss, float* dst, int64_t ds, int64_t rows,
+                        int64_t cols) = nullptr;
   // Fewest heads (rows x their query heads) for which attention takes the lane kernels.
   int64_t lane_heads = 0;
   // bf16 attention (opt-in: PagedAttentionArgs::bf16), over a cache that holds bf16 pairs

@@ -800,6 +800,47 @@ KVMESH_AVX512 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
   PvRows(p, ps, G, F16Rows{rows}, n, o, os, ahead);
 }
 
+// primitives.h transpose_f32: 16 x 16 blocks in registers (unpack pairs of rows, then fours,
+// then the 128-bit quarters twice), the edges element by element.
+KVMESH_AVX512 void TransposeF32(const float* src, int64_t ss, float* dst, int64_t ds, int64_t rows,
+                                int64_t cols) {
+  const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < r16; r0 += 16) {
+    for (int64_t c0 = 0; c0 < c16; c0 += 16) {
+      __m512 a[16], b[16];
+      for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src + (r0 + i) * ss + c0);
+      for (int i = 0; i < 16; i += 2) {
+        b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+      }
+      for (int i = 0; i < 16; i += 4) {
+        a[i] = _mm512_shuffle_ps(b[i], b[i + 2], 0x44);
+        a[i + 1] = _mm512_shuffle_ps(b[i], b[i + 2], 0xEE);
+        a[i + 2] = _mm512_shuffle_ps(b[i + 1], b[i + 3], 0x44);
+        a[i + 3] = _mm512_shuffle_ps(b[i + 1], b[i + 3], 0xEE);
+      }
+      // a[4q + k]: rows 4q..4q+3, columns {k, 4 + k, 8 + k, 12 + k} (k = 0, 1, 2, 3 as built).
+      for (int i = 0; i < 8; ++i) {
+        const int lo = (i / 4) * 8 + i % 4;  // pairs (0,4) (1,5) (2,6) (3,7) (8,12) ...
+        b[2 * i] = _mm512_shuffle_f32x4(a[lo], a[lo + 4], 0x88);
+        b[2 * i + 1] = _mm512_shuffle_f32x4(a[lo], a[lo + 4], 0xDD);
+      }
+      for (int i = 0; i < 4; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          // b[2 * i + h] (rows 0-7) and b[8 + 2 * i + h] (rows 8-15) hold columns i + 4 * {h,
+          // h + 2} of their 8 rows: their halves make columns i + 4h and i + 4h + 8.
+          const __m512 x = b[2 * i + h], y = b[8 + 2 * i + h];
+          _mm512_storeu_ps(dst + (c0 + i + 4 * h) * ds + r0, _mm512_shuffle_f32x4(x, y, 0x88));
+          _mm512_storeu_ps(dst + (c0 + i + 4 * h + 8) * ds + r0, _mm512_shuffle_f32x4(x, y, 0xDD));
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = r < r16 ? c16 : 0; c < cols; ++c) dst[c * ds + r] = src[r * ss + c];
+  }
+}
+
 // Heads in lanes (primitives.h qk_lanes / exp_lanes / pv_lanes): up to kLaneRv vectors of 16
 // heads per pass. A q.k tile is RV vectors of heads x KJ keys of accumulators, a p.v tile RV x
 // DI dims; both near 24 registers, with the heads' vectors and one broadcast beside them.
@@ -810,8 +851,9 @@ constexpr int kLaneKeys = RV == 1   ? 16
                                     : 4;
 template <int RV>
 constexpr int kLaneDims = RV == 1   ? 16
-                          : RV <= 3 ? 8
-                                    : 4;
+                          : RV == 2 ? 8
+                          : RV == 3 ? 4
+                                    : 2;
 
 // Keys [0, KJ) of kt / st (the caller offsets both), heads' vectors [0, RV) of qt / st.
 template <int RV, int KJ>
@@ -1511,6 +1553,7 @@ const Primitives& Avx512Primitives() {
     d.qk_lanes = QkLanes;
     d.exp_lanes = ExpLanes;
     d.pv_lanes = PvLanes;
+    d.transpose_f32 = TransposeF32;
     d.lane_heads = 32;
     d.f16_to_f32 = F16ToF32;
     d.to_bf16 = ToBf16;

@@ -629,6 +629,19 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
 TEST_P(IsaTest, LaneAttentionKernelsGiveEachHeadsBits) {
   const auto& p = cpu::Prims();
   if (p.qk_lanes == nullptr) GTEST_SKIP() << "the " << IsaName(GetParam()) << " table has none";
+  for (const auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{48, 64}, {64, 96}, {37, 50}, {5, 3}, {16, 17}, {33, 16}}) {
+    const auto src = Randn(rows * (cols + 3), 39);  // a row stride past cols
+    std::vector<float> dst((cols + 1) * (rows + 2), -1.0f);
+    p.transpose_f32(src.data(), cols + 3, dst.data(), rows + 2, rows, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(dst[c * (rows + 2) + r], src[r * (cols + 3) + c])
+            << "transpose " << rows << " x " << cols << " at " << r << ", " << c;
+      }
+    }
+    EXPECT_EQ(dst[rows], -1.0f) << "wrote past its rows";
+  }
   const int64_t d = 64, kc = 64;
   for (const int64_t H : {1, 16, 45, 48, 96, 100}) {
     for (const int64_t n : {64, 37, 1}) {
