@@ -337,7 +337,8 @@ struct Session : std::enable_shared_from_this<Session> {
       std::string Chunk(const ApiRequest& api, const std::string& id, int64_t created,
                         const std::string& delta, const std::string& finish) {
         const size_t at = lp_chars;
-        for (const ApiLogprob& lp : pending_lps) lp_chars += TextOffsetOf(lp.token);
+        for (const ApiLogprob& lp : pending_lps)
+          lp_chars += TextOffsetOf(lp.text.value_or(lp.token));
         std::string out = StreamChunk(api, id, created, delta, finish, first,
                                       api.logprobs ? &pending_lps : nullptr, at);
         pending_lps.clear();
@@ -351,7 +352,7 @@ struct Session : std::enable_shared_from_this<Session> {
     serving::Callbacks cb;
     if (api->logprobs) {
       cb.on_logprobs = [gen, &io, &tok](serving::RequestId, const serving::TokenLogprobs& l) {
-        ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}};
+        ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}, tok.TokenBytes(l.token)};
         for (const auto& [t, lp] : l.top) a.top.emplace_back(tok.TokenBytes(t, true), lp);
         asio::post(io, [gen, a = std::move(a)] {
           if (gen->stopped) return;  // a token after the stop sequence's

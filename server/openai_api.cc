@@ -97,7 +97,7 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps, siz
     }
     tops.push_back(top);
     offsets.push_back(offset);
-    offset += TextOffsetOf(lp.token);
+    offset += TextOffsetOf(lp.text.value_or(lp.token));
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_lps},

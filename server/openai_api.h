@@ -52,9 +52,12 @@ std::string ParamOf(const absl::Status& s);
 
 // One generated token's log-probability, with its text and the top alternatives.
 struct ApiLogprob {
-  std::string token;
+  std::string token;  // a control token by its name (e.g. "<|im_end|>")
   float logprob = 0;
   std::vector<std::pair<std::string, float>> top;
+  // What it adds to the text, which text_offset counts: token's bytes, except none for a
+  // control token (the text leaves it out). Null: token's.
+  std::optional<std::string> text;
 };
 
 struct ApiUsage {

@@ -185,6 +185,13 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   const json s = json::parse(StreamChunk(cmpl, "id2", 5, "x", "", false, &lps, 7).substr(6));
   EXPECT_EQ(s["choices"][0]["logprobs"]["text_offset"], json::array({7, 9}));
   EXPECT_EQ(TextOffsetOf("\xC3\xA9t"), 2u);
+  // A control token mid-answer (ignore_eos) shows its name but adds nothing to the text, so the
+  // tokens after it keep their offsets.
+  const std::vector<ApiLogprob> ctl = {
+      {"a", -0.1f, {}, std::nullopt}, {"<|im_end|>", -0.2f, {}, ""}, {"b", -0.3f, {}, "b"}};
+  const json o = json::parse(StreamChunk(cmpl, "id3", 5, "ab", "", false, &ctl, 0).substr(6));
+  EXPECT_EQ(o["choices"][0]["logprobs"]["text_offset"], json::array({0, 1, 1}));
+  EXPECT_EQ(o["choices"][0]["logprobs"]["tokens"][1], "<|im_end|>");
   // The models list and a model object; a name that needs escaping stays valid JSON.
   const json list = json::parse(ModelsJson("a\"b", 8192, true));
   EXPECT_EQ(list["object"], "list");
