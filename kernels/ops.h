@@ -132,6 +132,9 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
 // bits as planning afresh. `plan` must be planned().
 void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uint16_t* k,
                        const uint16_t* v, float* out, ThreadPool& pool);
+// Units (a task's rows over one KV head) run with their query heads in vector lanes since the
+// process started (engine.md "Attention"): lets tests see that they took that path.
+int64_t PagedAttentionLaneUnits();
 
 // out[i] = silu(gate[i]) * up[i] for i < n.
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t n);

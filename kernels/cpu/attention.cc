@@ -304,6 +304,8 @@ void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const 
   }
 }
 
+std::atomic<int64_t> g_lane_units{0};  // PagedAttentionLaneUnits
+
 // Whether blocks covering keys [j0, j1) are the same in both tables.
 bool SameBlocks(const PagedAttentionArgs& a, const int32_t* x, const int32_t* y, int64_t j0,
                 int64_t j1) {
@@ -520,6 +522,8 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   PlanItems(tasks, units, a.head_dim, n_threads, pl.seq, pl.item);
 }
 
+int64_t PagedAttentionLaneUnits() { return g_lane_units.load(std::memory_order_relaxed); }
+
 void PagedAttentionCpu(const PagedAttentionArgs& a, ThreadPool& pool) {
   thread_local PagedAttentionPlan plan;
   PlanPagedAttention(a, pool.size(), plan);
@@ -640,15 +644,19 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         // Enough heads over the same keys, filling at least 7/8 of their vectors: all at once,
         // in lanes (AttendInLanes). With a third of the lanes idle (11 rows of 3 heads) they
         // took 1.28x the pair passes' time, and 8 rows 1.20x; 16 rows 0.92-0.97x (in-process
-        // A/B, thirty-eighth session, Zen 4).
+        // A/B, thirty-eighth session, Zen 4). Head dim 64 only: there pv_f16 is a fused
+        // multiply-add chain, as the lane kernels' p.v (other dims take GenericPv's separate
+        // multiply and add, other bits).
         const int64_t lane_heads = task.n_rows * hn;
-        bool lanes = pairs && !bf16 && p.qk_lanes != nullptr && d % 16 == 0 &&
-                     lane_heads >= p.lane_heads &&
+        bool lanes = task.n_rows > 1 && kvh1 == kvh0 + 1 && !bf16 && d == 64 &&
+                     p.qk_lanes != nullptr && p.exp_lanes != nullptr && p.pv_lanes != nullptr &&
+                     p.transpose_f32 != nullptr && lane_heads >= p.lane_heads &&
                      8 * lane_heads >= 7 * ((lane_heads + 15) / 16 * 16);
         for (int64_t i = 0; lanes && i < task.n_rows; ++i) {
           lanes = std::min(kRange, keys_of[i] - j_begin) == units[u].keys;
         }
         if (lanes) {
+          g_lane_units.fetch_add(1, std::memory_order_relaxed);
           const int64_t h0 = heads_of(kvh0).first;
           AttendInLanes(
               a, p, task, hn, j_begin, j_end, a.k + kvh0 * d * a.block_size, a.v + kvh0 * d,

@@ -677,6 +677,16 @@ KVMESH_AVX512 void SiluMul(const float* gate, const float* up, float* out, int64
   if (i < n) Avx2Primitives().silu_mul(gate + i, up + i, out + i, n - i);
 }
 
+// The sum of v's 16 lanes in a tree written out here (GCC's _mm512_reduce_add_ps order, which
+// another compiler may lower differently): lane l + 8 onto l, then + 4, then (0 + 2) + (1 + 3).
+// exp_shifted_sum's order, which the lane kernels (ExpLanes) reproduce across vectors.
+KVMESH_AVX512 inline float SumOfLanes(__m512 v) {
+  const __m256 h8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+  const __m128 h4 = _mm_add_ps(_mm256_extractf128_ps(h8, 1), _mm256_castps256_ps128(h8));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));  // lanes 0 + 2, 1 + 3
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
 // y = exp(x - shift) with its sum, for GN rows at once (row g at x + g * xs, y + g * xs): per
 // row 16 lanes of partial sums (the tail's unused lanes add zero), then one reduction. The rows'
 // vectors are independent, so their exps overlap instead of each row's few vectors waiting on
@@ -698,7 +708,7 @@ KVMESH_AVX512 void ExpShiftedSumsG(const float* x, float* y, int64_t xs, const f
       acc[g] = _mm512_mask_add_ps(acc[g], m, acc[g], e);
     }
   }
-  for (int g = 0; g < GN; ++g) sums[g] = _mm512_reduce_add_ps(acc[g]);
+  for (int g = 0; g < GN; ++g) sums[g] = SumOfLanes(acc[g]);
 }
 
 KVMESH_AVX512 float ExpShiftedSum(const float* x, float shift, float* y, int64_t n) {
@@ -909,8 +919,8 @@ KVMESH_AVX512 void QkLanes(const float* qt, int64_t hs, int64_t H, int64_t d, co
 }
 
 // Per vector of 16 heads: the exps of keys j = 16 * v + l summed per l in order of v, then the
-// 16 sums of l by _mm512_reduce_add_ps's tree (l with l + 8, then with + 4, + 2, + 1): for each
-// head (lane) ExpShiftedSumsG's order, whose lane l holds those keys.
+// 16 sums of l by SumOfLanes's tree (l with l + 8, then with + 4, then (0 + 2) + (1 + 3)): for
+// each head (lane) ExpShiftedSumsG's order, whose lane l holds those keys.
 KVMESH_AVX512 void ExpLanes(float* st, int64_t hs, int64_t H, const float* shift, int64_t n,
                             float* sums) {
   for (int64_t r = 0; r * 16 < H; ++r) {

@@ -695,89 +695,99 @@ TEST_P(IsaTest, LaneAttentionKernelsGiveEachHeadsBits) {
 // lanes), each prefill row its bits in chunks of 8 rows (24 heads, no lanes), and both are near
 // a naive softmax.
 TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
-  const int64_t bs = 16, n_heads = 9, n_kv = 3, hd = 64, stride = n_kv * hd;
-  const int64_t prefix = 1100, own = 40, n_dec = 16, pre_rows = 40, pre_pos0 = 700;
-  // Blocks: the shared prefix's, then each decode sequence's own, then the prefill's.
-  const int64_t pb = (prefix + bs - 1) / bs, ob = (own + bs) / bs;
-  const int64_t fb = (pre_pos0 + pre_rows + bs - 1) / bs;
-  const int64_t n_blocks = pb + n_dec * ob + fb;
-  std::vector<std::vector<int32_t>> tables(n_dec + 1);
-  for (int64_t s = 0; s < n_dec; ++s) {
-    for (int64_t b = 0; b < pb; ++b) tables[s].push_back(static_cast<int32_t>(b));
-    for (int64_t b = 0; b < ob; ++b) tables[s].push_back(static_cast<int32_t>(pb + s * ob + b));
-  }
-  for (int64_t b = 0; b < fb; ++b)
-    tables[n_dec].push_back(static_cast<int32_t>(pb + n_dec * ob + b));
-  const auto kf = Randn(n_blocks * bs * stride, 51), vf = Randn(n_blocks * bs * stride, 52);
-  std::vector<uint16_t> k(kf.size()), v(vf.size());
-  for (size_t i = 0; i < kf.size(); ++i) {
-    k[i] = FloatToFp16(kf[i]);
-    v[i] = FloatToFp16(vf[i]);
-  }
-  std::vector<AttentionSeq> batch;
-  int64_t rows = 0;
-  for (int64_t s = 0; s < n_dec; ++s) {
-    // Own keys 1..40 after the prefix's partial last block (shared blocks end at 1088).
-    const int64_t keys = pb * bs + 1 + (s * 7) % own;
-    batch.push_back({rows++, 1, keys - 1, tables[s].data()});
-  }
-  batch.push_back({rows, pre_rows, pre_pos0, tables[n_dec].data()});
-  rows += pre_rows;
-  const auto q = Randn(rows * n_heads * hd, 53, 0.5f);
-  const float scale = 0.125f;
-  auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows) {
-    ThreadPool pool(2);
-    std::vector<float> out(n_rows * n_heads * hd, 99.0f);
-    PagedAttentionCpu({qp, k.data(), v.data(), out.data(), n_heads, n_kv, hd, stride, bs,
-                       bs * stride, b.data(), static_cast<int64_t>(b.size()), scale},
-                      pool);
-    return out;
-  };
-  const auto together = run(batch, q.data(), rows);
-  const int64_t row_elems = n_heads * hd;
-  for (int64_t s = 0; s < n_dec; ++s) {
-    const std::vector<AttentionSeq> one = {{0, 1, batch[s].pos0, tables[s].data()}};
-    const auto alone = run(one, q.data() + s * row_elems, 1);
-    EXPECT_EQ(0,
-              std::memcmp(alone.data(), together.data() + s * row_elems, row_elems * sizeof(float)))
-        << "decode sequence " << s;
-  }
-  for (int64_t r0 = 0; r0 < pre_rows; r0 += 8) {
-    const std::vector<AttentionSeq> part = {{0, 8, pre_pos0 + r0, tables[n_dec].data()}};
-    const auto chunk = run(part, q.data() + (n_dec + r0) * row_elems, 8);
-    EXPECT_EQ(0, std::memcmp(chunk.data(), together.data() + (n_dec + r0) * row_elems,
-                             8 * row_elems * sizeof(float)))
-        << "prefill rows " << r0 << "-" << r0 + 7;
-  }
-  // Near a naive float64 softmax: decode sequence 5 and prefill row 33.
-  for (const auto [s, t] : {std::pair<int64_t, int64_t>{5, 0}, {n_dec, 33}}) {
-    const int64_t row = batch[s].token0 + t, keys = batch[s].pos0 + t + 1;
-    std::vector<double> ref(row_elems);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const int64_t kvh = h / 3;
-      auto base = [&](int64_t pos) { return tables[s][pos / bs] * bs * stride; };
-      std::vector<double> sc(keys);
-      double mx = -1e300, z = 0;
-      for (int64_t j = 0; j < keys; ++j) {
-        double dot = 0;
-        for (int64_t x = 0; x < hd; ++x) {
-          dot += q[row * row_elems + h * hd + x] *
-                 Fp16ToFloat(k[base(j) + (kvh * hd + x) * bs + j % bs]);
-        }
-        mx = std::max(mx, sc[j] = dot * scale);
-      }
-      for (auto& e : sc) z += (e = std::exp(e - mx));
-      for (int64_t x = 0; x < hd; ++x) {
-        double o = 0;
-        for (int64_t j = 0; j < keys; ++j) {
-          o += sc[j] / z * Fp16ToFloat(v[base(j) + (j % bs) * stride + kvh * hd + x]);
-        }
-        ref[h * hd + x] = o;
-      }
+  // 15 decode rows: 45 heads, a vector not full; head dim 128: no lanes (pv_f16 is no FMA chain
+  // there), the same checks.
+  for (const auto [hd, n_dec] : {std::pair<int64_t, int64_t>{64, 16}, {64, 15}, {128, 16}}) {
+    const int64_t bs = 16, n_heads = 9, n_kv = 3, stride = n_kv * hd;
+    const int64_t prefix = 1100, own = 40, pre_rows = 40, pre_pos0 = 700;
+    // Blocks: the shared prefix's, then each decode sequence's own, then the prefill's.
+    const int64_t pb = (prefix + bs - 1) / bs, ob = (own + bs) / bs;
+    const int64_t fb = (pre_pos0 + pre_rows + bs - 1) / bs;
+    const int64_t n_blocks = pb + n_dec * ob + fb;
+    std::vector<std::vector<int32_t>> tables(n_dec + 1);
+    for (int64_t s = 0; s < n_dec; ++s) {
+      for (int64_t b = 0; b < pb; ++b) tables[s].push_back(static_cast<int32_t>(b));
+      for (int64_t b = 0; b < ob; ++b) tables[s].push_back(static_cast<int32_t>(pb + s * ob + b));
     }
-    const std::vector<float> got(together.begin() + row * row_elems,
-                                 together.begin() + (row + 1) * row_elems);
-    EXPECT_LT(RelL2(got, ref), 1e-5) << "sequence " << s << ", row " << t;
+    for (int64_t b = 0; b < fb; ++b)
+      tables[n_dec].push_back(static_cast<int32_t>(pb + n_dec * ob + b));
+    const auto kf = Randn(n_blocks * bs * stride, 51), vf = Randn(n_blocks * bs * stride, 52);
+    std::vector<uint16_t> k(kf.size()), v(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+      k[i] = FloatToFp16(kf[i]);
+      v[i] = FloatToFp16(vf[i]);
+    }
+    std::vector<AttentionSeq> batch;
+    int64_t rows = 0;
+    for (int64_t s = 0; s < n_dec; ++s) {
+      // Own keys 1..40 in blocks of their own after the shared 69 blocks (positions 0-1103).
+      const int64_t keys = pb * bs + 1 + (s * 7) % own;
+      batch.push_back({rows++, 1, keys - 1, tables[s].data()});
+    }
+    batch.push_back({rows, pre_rows, pre_pos0, tables[n_dec].data()});
+    rows += pre_rows;
+    const auto q = Randn(rows * n_heads * hd, 53, 0.5f);
+    const float scale = 0.125f;
+    auto run = [&](const std::vector<AttentionSeq>& b, const float* qp, int64_t n_rows) {
+      ThreadPool pool(2);
+      std::vector<float> out(n_rows * n_heads * hd, 99.0f);
+      PagedAttentionCpu({qp, k.data(), v.data(), out.data(), n_heads, n_kv, hd, stride, bs,
+                         bs * stride, b.data(), static_cast<int64_t>(b.size()), scale},
+                        pool);
+      return out;
+    };
+    const int64_t lane_units = PagedAttentionLaneUnits();
+    const auto together = run(batch, q.data(), rows);
+    if (cpu::Prims().qk_lanes != nullptr && hd == 64) {
+      EXPECT_GT(PagedAttentionLaneUnits(), lane_units) << "the batch took no lane path";
+    } else {
+      EXPECT_EQ(PagedAttentionLaneUnits(), lane_units) << "head dim " << hd;
+    }
+    const int64_t row_elems = n_heads * hd;
+    for (int64_t s = 0; s < n_dec; ++s) {
+      const std::vector<AttentionSeq> one = {{0, 1, batch[s].pos0, tables[s].data()}};
+      const auto alone = run(one, q.data() + s * row_elems, 1);
+      EXPECT_EQ(
+          0, std::memcmp(alone.data(), together.data() + s * row_elems, row_elems * sizeof(float)))
+          << "decode sequence " << s << ", head dim " << hd << ", " << n_dec << " rows";
+    }
+    for (int64_t r0 = 0; r0 < pre_rows; r0 += 8) {
+      const std::vector<AttentionSeq> part = {{0, 8, pre_pos0 + r0, tables[n_dec].data()}};
+      const auto chunk = run(part, q.data() + (n_dec + r0) * row_elems, 8);
+      EXPECT_EQ(0, std::memcmp(chunk.data(), together.data() + (n_dec + r0) * row_elems,
+                               8 * row_elems * sizeof(float)))
+          << "prefill rows " << r0 << "-" << r0 + 7 << ", head dim " << hd;
+    }
+    // Near a naive float64 softmax: decode sequence 5 and prefill row 33.
+    for (const auto [s, t] : {std::pair<int64_t, int64_t>{5, 0}, {n_dec, 33}}) {
+      const int64_t row = batch[s].token0 + t, keys = batch[s].pos0 + t + 1;
+      std::vector<double> ref(row_elems);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t kvh = h / 3;
+        auto base = [&](int64_t pos) { return tables[s][pos / bs] * bs * stride; };
+        std::vector<double> sc(keys);
+        double mx = -1e300, z = 0;
+        for (int64_t j = 0; j < keys; ++j) {
+          double dot = 0;
+          for (int64_t x = 0; x < hd; ++x) {
+            dot += q[row * row_elems + h * hd + x] *
+                   Fp16ToFloat(k[base(j) + (kvh * hd + x) * bs + j % bs]);
+          }
+          mx = std::max(mx, sc[j] = dot * scale);
+        }
+        for (auto& e : sc) z += (e = std::exp(e - mx));
+        for (int64_t x = 0; x < hd; ++x) {
+          double o = 0;
+          for (int64_t j = 0; j < keys; ++j) {
+            o += sc[j] / z * Fp16ToFloat(v[base(j) + (j % bs) * stride + kvh * hd + x]);
+          }
+          ref[h * hd + x] = o;
+        }
+      }
+      const std::vector<float> got(together.begin() + row * row_elems,
+                                   together.begin() + (row + 1) * row_elems);
+      EXPECT_LT(RelL2(got, ref), 1e-5) << "sequence " << s << ", row " << t;
+    }
   }
 }
 
