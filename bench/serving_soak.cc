@@ -17,6 +17,7 @@
 
 #include "coordinator/flags.h"
 #include "coordinator/launch.h"
+#include "kernels/ops.h"
 #include "serving/serving_engine.h"
 #include "util/str_cat.h"
 
@@ -143,12 +144,14 @@ int Soak(const coordinator::Flags* f, serving::ServingEngine& se) {
   std::printf(
       "serving_soak: %.0f s, %lld requests (%lld cancelled, %lld rejected at submit), "
       "%lld outputs re-checked, %lld steps, %lld preemptions, %lld evictions, "
-      "prefix hits %lld/%lld tokens; no leak, no stall, no divergence\n",
+      "prefix hits %lld/%lld tokens, %lld attention units in lanes; no leak, no stall, no "
+      "divergence\n",
       elapsed(), static_cast<long long>(submitted), static_cast<long long>(cancelled),
       static_cast<long long>(rejected), static_cast<long long>(checked),
       static_cast<long long>(st.steps), static_cast<long long>(st.preemptions),
       static_cast<long long>(st.evictions), static_cast<long long>(st.prefix_hit_tokens),
-      static_cast<long long>(st.prefix_query_tokens));
+      static_cast<long long>(st.prefix_query_tokens),
+      static_cast<long long>(kernels::PagedAttentionLaneUnits()));
   return 0;
 }
 
