@@ -484,19 +484,43 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   });
   tasks.clear();
   rows.clear();
+  // A run of rows over the same keys longer than kMaxRowsPerTask is cut into tasks of near-equal
+  // size (50 rows: 25 + 25, not 32 + 18), so that each keeps enough query heads for the lane
+  // kernels (AttendInLanes) and the threads' shares are even. The run's tasks see the same
+  // blocks in their range, so any one's table serves each.
+  size_t run_begin = 0;  // the current run's first task
+  auto even_out = [&](size_t run_end) {
+    const auto k = static_cast<int64_t>(run_end - run_begin);
+    if (k < 2) return;
+    int64_t total = 0;
+    for (size_t t = run_begin; t < run_end; ++t) total += tasks[t].n_rows;
+    int64_t first = tasks[run_begin].first_row;
+    for (int64_t t = 0; t < k; ++t) {
+      Task& task = tasks[run_begin + static_cast<size_t>(t)];
+      task.first_row = first;
+      task.n_rows = total / k + (t < total % k ? 1 : 0);
+      first += task.n_rows;
+    }
+  };
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     const bool joins = i > 0 && e.full && entries[i - 1].full && entries[i - 1].s == e.s &&
                        SameBlocks(a, a.seqs[entries[i - 1].q].block_table, a.seqs[e.q].block_table,
                                   e.s * kRange, (e.s + 1) * kRange);
     for (int64_t row = e.row0; row < e.row1; ++row) {
-      if (tasks.empty() || (row == e.row0 && !joins) || tasks.back().n_rows == kMaxRowsPerTask) {
+      const bool fresh = tasks.empty() || (row == e.row0 && !joins);
+      if (fresh || tasks.back().n_rows == kMaxRowsPerTask) {
+        if (fresh) {
+          even_out(tasks.size());
+          run_begin = tasks.size();
+        }
         tasks.push_back({e.s, static_cast<int64_t>(rows.size()), 0, a.seqs[e.q].block_table});
       }
       rows.push_back(row);
       ++tasks.back().n_rows;
     }
   }
+  even_out(tasks.size());
 
   // Tasks differ in size (shared ranges, triangular prefill), so threads take them dynamically.
   // A unit is a task and KV heads [kvh0, kvh1): one head for a task of several rows (the

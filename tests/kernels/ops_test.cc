@@ -751,6 +751,19 @@ TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
           0, std::memcmp(alone.data(), together.data() + s * row_elems, row_elems * sizeof(float)))
           << "decode sequence " << s << ", head dim " << hd << ", " << n_dec << " rows";
     }
+    {
+      // The 40 prefill rows alone: range 0's rows are cut 20 + 20 (not 32 + 8), so both tasks
+      // run in lanes over each of the 3 KV heads; range 1 (the diagonal) does not.
+      const std::vector<AttentionSeq> pre = {{0, pre_rows, pre_pos0, tables[n_dec].data()}};
+      const int64_t before = PagedAttentionLaneUnits();
+      const auto alone = run(pre, q.data() + n_dec * row_elems, pre_rows);
+      if (cpu::Prims().qk_lanes != nullptr && hd == 64) {
+        EXPECT_EQ(PagedAttentionLaneUnits() - before, 2 * n_kv);
+      }
+      EXPECT_EQ(0, std::memcmp(alone.data(), together.data() + n_dec * row_elems,
+                               pre_rows * row_elems * sizeof(float)))
+          << "prefill alone, head dim " << hd;
+    }
     for (int64_t r0 = 0; r0 < pre_rows; r0 += 8) {
       const std::vector<AttentionSeq> part = {{0, 8, pre_pos0 + r0, tables[n_dec].data()}};
       const auto chunk = run(part, q.data() + (n_dec + r0) * row_elems, 8);
