@@ -228,6 +228,45 @@ BENCHMARK(BM_PagedAttentionSharedDecode)
     ->Args({1024, 16, 1, 0, 1})
     ->UseRealTime();
 
+// args: cached keys, new rows, threads. One layer of a prefill chunk: `rows` new tokens of one
+// sequence after `ctx` cached ones (a follow-up turn over a cached context), SmolLM2's heads.
+// Below the diagonal its tasks have 96 query heads (32 rows of 3) or the even cut of more rows:
+// the lane kernels (engine.md "Attention").
+void BM_PagedAttentionPrefill(benchmark::State& st) {
+  const int64_t ctx = st.range(0), n = st.range(1);
+  const int64_t H = 9, KV = 3, hd = 64, bs = 16, layers = 30;
+  ThreadPool pool(static_cast<int>(st.range(2)));
+  const int64_t half = KV * hd * bs, n_blocks = (ctx + n + bs - 1) / bs;
+  const int64_t block_stride = layers * 2 * half;
+  const util::HugePageRegion region =
+      util::HugePageRegion::Map(static_cast<size_t>(n_blocks * block_stride) * sizeof(uint16_t));
+  const std::span<uint16_t> cache(reinterpret_cast<uint16_t*>(region.data()),
+                                  static_cast<size_t>(n_blocks * block_stride));
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& h : cache) h = FloatToFp16(u(rng));
+  std::vector<int32_t> table(n_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(b);
+  const AttentionSeq seq{0, n, ctx, table.data()};
+  std::vector<float> q(n * H * hd);
+  for (auto& x : q) x = u(rng);
+  std::vector<float> out(q.size());
+  int64_t layer = 0;
+  for (auto _ : st) {
+    const uint16_t* k = cache.data() + layer * 2 * half;
+    PagedAttentionCpu(
+        {q.data(), k, k + half, out.data(), H, KV, hd, KV * hd, bs, block_stride, &seq, 1, 0.125f},
+        pool);
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % layers;
+  }
+  // Keys attended: each row its cached keys and the new ones up to itself.
+  const double keys = static_cast<double>(n * ctx + n * (n + 1) / 2);
+  st.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * H * keys * hd * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PagedAttentionPrefill)->ArgsProduct({{1024, 4096}, {50, 64}, {1, 2}})->UseRealTime();
+
 // args: part (0 q.k, 1 exp, 2 p.v), query heads (3: one row, 6: two rows, as attention runs a
 // several-row task's rows in pairs). One part of a shared-prefix row pass (primitives.h:
 // qk_t_f16, exp_shifted_sums, pv_f16) as attention runs it (the heads of one KV head over a
