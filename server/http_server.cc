@@ -290,28 +290,15 @@ struct Session : std::enable_shared_from_this<Session> {
     const int64_t room = ctx - n;
     const char* input = chat ? "messages" : "prompt";
     if (room <= 0) {
-      return Reply(
-          http::status::bad_request,
-          ErrorJson(400,
-                    StrCat("This model's maximum context length is ", ctx,
-                           " tokens. However, your request has ", n,
-                           " input tokens. Please reduce the length of the input ", input, "."),
-                    input),
-          false);
+      return Reply(http::status::bad_request, ErrorJson(400, ContextError(ctx, n, 0, input), input),
+                   false);
     }
     // Not given: what the context and the KV pool leave (a pool smaller than one context would
     // otherwise refuse every such request).
     const int64_t max_tokens = api->max_tokens.value_or(DefaultMaxTokens(srv.engine, n));
     if (max_tokens > room) {
       return Reply(http::status::bad_request,
-                   ErrorJson(400,
-                             StrCat("This model's maximum context length is ", ctx,
-                                    " tokens. However, you requested ", n + max_tokens, " tokens (",
-                                    n, " in the ", input, ", ", max_tokens,
-                                    " in the completion). Please reduce the length of the ", input,
-                                    " or completion."),
-                             input),
-                   false);
+                   ErrorJson(400, ContextError(ctx, n, max_tokens, input), input), false);
     }
     r.max_tokens = static_cast<int32_t>(max_tokens);
     r.sampling = api->sampling;

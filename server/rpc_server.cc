@@ -394,9 +394,10 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       const auto& tok = self->srv.engine.tokenizer();
       req.prompt =
           tmpl != nullptr ? tok.Encode(tmpl->Render(msgs, true), true) : tok.Encode(prompt, true);
-      asio::post(self->srv.io, [self, id, max_tokens, session, opened, user_turn,
+      const bool chat = tmpl != nullptr;
+      asio::post(self->srv.io, [self, id, max_tokens, session, opened, user_turn, chat,
                                 req = std::move(req)]() mutable {
-        self->Submit(id, std::move(req), max_tokens, session, opened, user_turn);
+        self->Submit(id, std::move(req), max_tokens, session, opened, user_turn, chat);
       });
     });
   }
@@ -411,7 +412,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   // Generate's second half, on the io thread once the prompt is tokenised: the context check,
   // then the engine.
   void Submit(uint64_t id, serving::Request req, int32_t max_tokens, const std::string& session,
-              uint64_t opened, const std::string& user_turn) {
+              uint64_t opened, const std::string& user_turn, bool chat) {
     if (closed) return Release(id, session);
     const auto& tok = srv.engine.tokenizer();
     const int64_t n = static_cast<int64_t>(req.prompt.size());
@@ -420,9 +421,9 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         max_tokens > 0 ? max_tokens : static_cast<int32_t>(DefaultMaxTokens(srv.engine, n));
     if (room <= 0 || req.max_tokens > room) {
       Release(id, session);
-      return Error(id, absl::InvalidArgumentError(StrCat(
-                           "prompt (", req.prompt.size(), " tokens) + max_tokens (", req.max_tokens,
-                           ") exceeds the context of ", srv.engine.ctx_size(), " tokens")));
+      return Error(id,
+                   absl::InvalidArgumentError(ContextError(srv.engine.ctx_size(), n, req.max_tokens,
+                                                           chat ? "messages" : "prompt")));
     }
     auto self = shared_from_this();
     auto pending = std::make_shared<std::string>();
