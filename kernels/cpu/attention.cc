@@ -221,6 +221,18 @@ void AttendChunk(const PagedAttentionArgs& a, const cpu::Primitives& p, const fl
   }
 }
 
+// Whether `heads` query heads (a task's rows x their heads of one KV head) are worth the lane
+// kernels: the table has them, head dim 64 (there pv_f16 is a fused multiply-add chain like the
+// lanes' p.v; other dims take GenericPv's separate multiply and add, other bits), fp32
+// attention, and at least the table's lane_heads filling 7/8 of their vectors. With a third of
+// the lanes idle (11 rows of 3 heads) they took 1.28x the pair passes' time, and 8 rows 1.20x;
+// 16 rows 0.92-0.97x (in-process A/B, thirty-eighth session, Zen 4).
+bool LaneWorthy(const PagedAttentionArgs& a, const cpu::Primitives& p, int64_t heads) {
+  return !a.bf16 && a.head_dim == 64 && p.qk_lanes != nullptr && p.exp_lanes != nullptr &&
+         p.pv_lanes != nullptr && p.transpose_f32 != nullptr && heads >= p.lane_heads &&
+         8 * heads >= 7 * ((heads + 15) / 16 * 16);
+}
+
 // A unit of one KV head whose rows all reach every key of its range (a shared prefix's rows, or
 // prefill rows below the diagonal), with its rows' hn query heads in vector lanes (the table's
 // qk_lanes / exp_lanes / pv_lanes): head h = i * hn + g is row i's head g. Each chunk's K and V
@@ -485,20 +497,27 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   tasks.clear();
   rows.clear();
   // A run of rows over the same keys longer than kMaxRowsPerTask is cut into tasks of near-equal
-  // size (50 rows: 25 + 25, not 32 + 18), so that each keeps enough query heads for the lane
-  // kernels (AttendInLanes) and the threads' shares are even. The run's tasks see the same
-  // blocks in their range, so any one's table serves each.
+  // size where every one of them is then worth the lane kernels (50 rows of 3 heads: 25 + 25,
+  // not 32 + 18 of which only the 32 is), else left as cut (34 rows: 32 + 2, since 17 + 17 would
+  // leave no task in lanes). The run's tasks see the same blocks in their range, so any one's
+  // table serves each.
+  const auto& prims = cpu::Prims();
   size_t run_begin = 0;  // the current run's first task
   auto even_out = [&](size_t run_end) {
     const auto k = static_cast<int64_t>(run_end - run_begin);
     if (k < 2) return;
-    int64_t total = 0;
-    for (size_t t = run_begin; t < run_end; ++t) total += tasks[t].n_rows;
+    int64_t run_rows = 0;
+    for (size_t t = run_begin; t < run_end; ++t) run_rows += tasks[t].n_rows;
+    // The smaller tasks of the even cut have run_rows / k rows.
+    if (!LaneWorthy(a, prims, run_rows / k * group) ||
+        !LaneWorthy(a, prims, (run_rows + k - 1) / k * group)) {
+      return;
+    }
     int64_t first = tasks[run_begin].first_row;
     for (int64_t t = 0; t < k; ++t) {
       Task& task = tasks[run_begin + static_cast<size_t>(t)];
       task.first_row = first;
-      task.n_rows = total / k + (t < total % k ? 1 : 0);
+      task.n_rows = run_rows / k + (t < run_rows % k ? 1 : 0);
       first += task.n_rows;
     }
   };
@@ -665,17 +684,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         const int64_t hn = heads_of(kvh0).second - heads_of(kvh0).first;
         const int64_t rows_per_call = hn > 0 ? (bf16 ? p.pair_heads_bf16 : p.pair_heads) / hn : 0;
         const bool pairs = task.n_rows > 1 && kvh1 == kvh0 + 1 && rows_per_call >= 2;
-        // Enough heads over the same keys, filling at least 7/8 of their vectors: all at once,
-        // in lanes (AttendInLanes). With a third of the lanes idle (11 rows of 3 heads) they
-        // took 1.28x the pair passes' time, and 8 rows 1.20x; 16 rows 0.92-0.97x (in-process
-        // A/B, thirty-eighth session, Zen 4). Head dim 64 only: there pv_f16 is a fused
-        // multiply-add chain, as the lane kernels' p.v (other dims take GenericPv's separate
-        // multiply and add, other bits).
-        const int64_t lane_heads = task.n_rows * hn;
-        bool lanes = task.n_rows > 1 && kvh1 == kvh0 + 1 && !bf16 && d == 64 &&
-                     p.qk_lanes != nullptr && p.exp_lanes != nullptr && p.pv_lanes != nullptr &&
-                     p.transpose_f32 != nullptr && lane_heads >= p.lane_heads &&
-                     8 * lane_heads >= 7 * ((lane_heads + 15) / 16 * 16);
+        // Enough heads over the same keys (LaneWorthy): all at once, in lanes (AttendInLanes).
+        bool lanes = task.n_rows > 1 && kvh1 == kvh0 + 1 && LaneWorthy(a, p, task.n_rows * hn);
         for (int64_t i = 0; lanes && i < task.n_rows; ++i) {
           lanes = std::min(kRange, keys_of[i] - j_begin) == units[u].keys;
         }

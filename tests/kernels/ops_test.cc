@@ -697,7 +697,10 @@ TEST_P(IsaTest, LaneAttentionKernelsGiveEachHeadsBits) {
 TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
   // 15 decode rows: 45 heads, a vector not full; head dim 128: no lanes (pv_f16 is no FMA chain
   // there), the same checks.
-  for (const auto [hd, n_dec] : {std::pair<int64_t, int64_t>{64, 16}, {64, 15}, {128, 16}}) {
+  // 40 decode rows: one run over the shared keys cut 20 + 20, each task from other sequences'
+  // tables.
+  for (const auto [hd, n_dec] :
+       {std::pair<int64_t, int64_t>{64, 16}, {64, 15}, {64, 40}, {128, 16}}) {
     const int64_t bs = 16, n_heads = 9, n_kv = 3, stride = n_kv * hd;
     const int64_t prefix = 1100, own = 40, pre_rows = 40, pre_pos0 = 700;
     // Blocks: the shared prefix's, then each decode sequence's own, then the prefill's.
@@ -763,6 +766,26 @@ TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
       EXPECT_EQ(0, std::memcmp(alone.data(), together.data() + n_dec * row_elems,
                                pre_rows * row_elems * sizeof(float)))
           << "prefill alone, head dim " << hd;
+    }
+    // Other prefill lengths over the same blocks: cut evenly only where every task then takes
+    // the lanes (34 rows stay 32 + 2, 44 stay 32 + 12: one task in lanes per KV head), and each
+    // row's bits those of 2-row calls (6 heads, no lanes).
+    for (const auto [n_pre, lane_tasks] : {std::pair<int64_t, int64_t>{34, 1}, {44, 1}}) {
+      if (hd != 64 || n_dec != 16) break;
+      const auto qp = Randn(n_pre * row_elems, 54, 0.5f);
+      const std::vector<AttentionSeq> pre = {{0, n_pre, pre_pos0, tables[n_dec].data()}};
+      const int64_t before = PagedAttentionLaneUnits();
+      const auto whole = run(pre, qp.data(), n_pre);
+      if (cpu::Prims().qk_lanes != nullptr) {
+        EXPECT_EQ(PagedAttentionLaneUnits() - before, lane_tasks * n_kv) << n_pre << " rows";
+      }
+      for (int64_t r0 = 0; r0 < n_pre; r0 += 2) {
+        const std::vector<AttentionSeq> two = {{0, 2, pre_pos0 + r0, tables[n_dec].data()}};
+        const auto part = run(two, qp.data() + r0 * row_elems, 2);
+        ASSERT_EQ(0, std::memcmp(part.data(), whole.data() + r0 * row_elems,
+                                 2 * row_elems * sizeof(float)))
+            << n_pre << " prefill rows, rows " << r0 << "-" << r0 + 1;
+      }
     }
     for (int64_t r0 = 0; r0 < pre_rows; r0 += 8) {
       const std::vector<AttentionSeq> part = {{0, 8, pre_pos0 + r0, tables[n_dec].data()}};

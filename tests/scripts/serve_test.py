@@ -4,6 +4,7 @@ usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload 
                                       concurrent)
 """
 import json
+import re
 import sys
 import threading
 import urllib.error
@@ -76,6 +77,22 @@ if mode == "main":
     code, body, _ = call("POST", "/v1/completions",
                          {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 4})
     check(code == 200 and json.loads(body)["choices"][0]["text"].strip().startswith("Paris"), body)
+    # A control token mid-answer (ignore_eos past <|im_end|>): listed in logprobs by its name,
+    # left out of the text, and adding nothing to the text_offset of the tokens after it.
+    code, body, _ = call("POST", "/v1/completions", {
+        "prompt": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                  "<|im_start|>assistant\n", "temperature": 0, "max_tokens": 24,
+        "ignore_eos": True, "logprobs": 1})
+    c = json.loads(body)["choices"][0]
+    toks, offs = c["logprobs"]["tokens"], c["logprobs"]["text_offset"]
+    ctl = [i for i, t in enumerate(toks) if re.fullmatch(r"<\|[a-z_]+\|>", t)]
+    check(code == 200 and ctl and toks[ctl[0]] == "<|im_end|>" and ctl[0] + 1 < len(toks),
+          f"no <|im_end|> mid-answer: {toks}")
+    check("<|im_" not in c["text"], f"control token in the text: {c['text']!r}")
+    plain = [t for i, t in enumerate(toks) if i not in ctl]
+    check(offs == [len("".join(t for j, t in enumerate(toks[:i]) if j not in ctl))
+                   for i in range(len(toks))] and "".join(plain) == c["text"],
+          f"text_offset {offs} for {toks}")
     # A multi-turn session over a document: the prefix-cache hit counter rises every turn.
     doc = " ".join(f"Item {i} is kept on shelf {i % 4}." for i in range(1, 40))
     msgs = [{"role": "user", "content": doc + " Where is item 9?"}]

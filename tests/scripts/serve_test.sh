@@ -92,6 +92,9 @@ PY
 rpcc generate --prompt "x" --max-tokens 9000 >/dev/null 2>"$work/rpc.ctx" && fail "rpc over the context succeeded"
 grep -q "maximum context length is 8192 tokens. However, you requested 9001 tokens (1 in the prompt" "$work/rpc.ctx" ||
   fail "rpc context error: $(cat "$work/rpc.ctx")"
+rpcc chat --message "x" --max-tokens 9000 >/dev/null 2>"$work/rpc.ctx" && fail "rpc chat over the context succeeded"
+grep -q "maximum context length is 8192 tokens. However, you requested [0-9]* tokens ([0-9]* in the messages" "$work/rpc.ctx" ||
+  fail "rpc chat context error: $(cat "$work/rpc.ctx")"
 rpcc status | python3 -c "import json,sys; s=json.load(sys.stdin); assert s['world']==1 and s['ranks'][0]['kvBlocks']>0, s" || fail "rpc status"
 rpcc stats | python3 -c "import json,sys; s=json.load(sys.stdin); assert int(s['prefixHitTokens'])>0, s" || fail "rpc stats"
 # Sends a frame that announces $1 bytes and holds the hex bytes $2 (its start, or nothing) on the

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/max_tokens.h"
 #include "server/metrics_text.h"
 
 namespace kvmesh::server {
@@ -197,6 +198,17 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   EXPECT_EQ(list["object"], "list");
   EXPECT_EQ(list["data"][0]["id"], "a\"b");
   EXPECT_EQ(json::parse(ModelsJson("m", 4096, false))["max_model_len"], 4096);
+}
+
+// The context error both servers send, in vLLM's two wordings.
+TEST(OpenAiApi, ContextErrorInVllmsWords) {
+  EXPECT_EQ(ContextError(8192, 9000, 16, "messages"),
+            "This model's maximum context length is 8192 tokens. However, your request has 9000 "
+            "input tokens. Please reduce the length of the input messages.");
+  EXPECT_EQ(ContextError(8192, 100, 8100, "prompt"),
+            "This model's maximum context length is 8192 tokens. However, you requested 8200 "
+            "tokens (100 in the prompt, 8100 in the completion). Please reduce the length of the "
+            "prompt or completion.");
 }
 
 TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
