@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
-#include <span>
 #include <vector>
 
 #include "kernels/cpu/primitives.h"
@@ -172,6 +171,17 @@ void BM_AttentionDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_AttentionDecode)->Args({512, 2})->Args({4096, 2})->UseRealTime();
 
+// A paged KV cache of `elems` fp16 values drawn from u(rng), allocated as the KV arena allocates
+// (kvstore/block_arena.cc: on huge pages).
+util::HugePageRegion RandomFp16Cache(int64_t elems, std::mt19937& rng,
+                                     std::uniform_real_distribution<float>& u) {
+  util::HugePageRegion region =
+      util::HugePageRegion::Map(static_cast<size_t>(elems) * sizeof(uint16_t));
+  auto* h = reinterpret_cast<uint16_t*>(region.data());
+  for (int64_t i = 0; i < elems; ++i) h[i] = FloatToFp16(u(rng));
+  return region;
+}
+
 // args: shared context length, sequences, threads, tokens of each sequence's own, bf16 attention
 // (PagedAttentionArgs::bf16: 1, else 0). One decode
 // step of one layer over a paged cache laid out as the engine's (16-token blocks, each holding
@@ -185,14 +195,10 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
   ThreadPool pool(static_cast<int>(st.range(2)));
   const int64_t half = KV * hd * bs, shared_blocks = ctx / bs, own_blocks = (own + bs - 1) / bs;
   const int64_t n_blocks = shared_blocks + seqs * own_blocks, block_stride = layers * 2 * half;
-  // Allocated as the KV arena allocates (kvstore/block_arena.cc: on huge pages).
-  const util::HugePageRegion region =
-      util::HugePageRegion::Map(static_cast<size_t>(n_blocks * block_stride) * sizeof(uint16_t));
-  const std::span<uint16_t> cache(reinterpret_cast<uint16_t*>(region.data()),
-                                  static_cast<size_t>(n_blocks * block_stride));
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& h : cache) h = FloatToFp16(u(rng));
+  const util::HugePageRegion region = RandomFp16Cache(n_blocks * block_stride, rng, u);
+  const uint16_t* cache = reinterpret_cast<const uint16_t*>(region.data());
   std::vector<std::vector<int32_t>> tables(seqs);
   std::vector<AttentionSeq> as(seqs);
   for (int64_t s = 0; s < seqs; ++s) {
@@ -207,7 +213,7 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
   std::vector<float> out(q.size());
   int64_t layer = 0;
   for (auto _ : st) {
-    const uint16_t* k = cache.data() + layer * 2 * half;
+    const uint16_t* k = cache + layer * 2 * half;
     PagedAttentionCpu({q.data(), k, k + half, out.data(), H, KV, hd, KV * hd, bs, block_stride,
                        as.data(), seqs, 0.125f, 0, 0, 0, st.range(4) != 0},
                       pool);
@@ -238,13 +244,10 @@ void BM_PagedAttentionPrefill(benchmark::State& st) {
   ThreadPool pool(static_cast<int>(st.range(2)));
   const int64_t half = KV * hd * bs, n_blocks = (ctx + n + bs - 1) / bs;
   const int64_t block_stride = layers * 2 * half;
-  const util::HugePageRegion region =
-      util::HugePageRegion::Map(static_cast<size_t>(n_blocks * block_stride) * sizeof(uint16_t));
-  const std::span<uint16_t> cache(reinterpret_cast<uint16_t*>(region.data()),
-                                  static_cast<size_t>(n_blocks * block_stride));
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& h : cache) h = FloatToFp16(u(rng));
+  const util::HugePageRegion region = RandomFp16Cache(n_blocks * block_stride, rng, u);
+  const uint16_t* cache = reinterpret_cast<const uint16_t*>(region.data());
   std::vector<int32_t> table(n_blocks);
   for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(b);
   const AttentionSeq seq{0, n, ctx, table.data()};
@@ -253,7 +256,7 @@ void BM_PagedAttentionPrefill(benchmark::State& st) {
   std::vector<float> out(q.size());
   int64_t layer = 0;
   for (auto _ : st) {
-    const uint16_t* k = cache.data() + layer * 2 * half;
+    const uint16_t* k = cache + layer * 2 * half;
     PagedAttentionCpu(
         {q.data(), k, k + half, out.data(), H, KV, hd, KV * hd, bs, block_stride, &seq, 1, 0.125f},
         pool);

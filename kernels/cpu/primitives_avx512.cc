@@ -865,6 +865,17 @@ constexpr int kLaneDims = RV == 1   ? 16
                           : RV == 3 ? 4
                                     : 2;
 
+// Calls f.template operator()<RV>(r0) for H heads' vectors of 16 in groups of up to kLaneRv: RV
+// of them from vector r0.
+template <typename F>
+KVMESH_AVX512 inline void ForLaneGroups(int64_t H, const F& f) {
+  const int64_t rv_all = (H + 15) / 16;
+  for (int64_t r0 = 0; r0 < rv_all; r0 += kLaneRv) {
+    WithCount<1, kLaneRv>(std::min<int64_t>(kLaneRv, rv_all - r0),
+                          [&]<int RV>() KVMESH_AVX512 { f.template operator()<RV>(r0); });
+  }
+}
+
 // Keys [0, KJ) of kt / st (the caller offsets both), heads' vectors [0, RV) of qt / st.
 template <int RV, int KJ>
 KVMESH_AVX512 void QkLanesTile(const float* qt, int64_t hs, int64_t d, const float* kt, int64_t kts,
@@ -901,20 +912,17 @@ KVMESH_AVX512 void QkLanes(const float* qt, int64_t hs, int64_t H, int64_t d, co
                            int64_t kts, int64_t n, float* st, float* chunk_max, Ahead* ahead) {
   Ahead none;
   Ahead& a = ahead != nullptr ? *ahead : none;
-  const int64_t rv_all = (H + 15) / 16;
-  for (int64_t r0 = 0; r0 < rv_all; r0 += kLaneRv) {
-    WithCount<1, kLaneRv>(std::min<int64_t>(kLaneRv, rv_all - r0), [&]<int RV>() KVMESH_AVX512 {
-      constexpr int KJ = kLaneKeys<RV>;
-      __m512 mx[RV];
-      for (int r = 0; r < RV; ++r) mx[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      const float* q = qt + 16 * r0;
-      float* s = st + 16 * r0;
-      int64_t j = 0;
-      for (; j + KJ <= n; j += KJ) QkLanesTile<RV, KJ>(q, hs, d, kt + j, kts, s + j * hs, mx, a);
-      for (; j < n; ++j) QkLanesTile<RV, 1>(q, hs, d, kt + j, kts, s + j * hs, mx, a);
-      for (int r = 0; r < RV; ++r) _mm512_storeu_ps(chunk_max + 16 * (r0 + r), mx[r]);
-    });
-  }
+  ForLaneGroups(H, [&]<int RV>(int64_t r0) KVMESH_AVX512 {
+    constexpr int KJ = kLaneKeys<RV>;
+    __m512 mx[RV];
+    for (int r = 0; r < RV; ++r) mx[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const float* q = qt + 16 * r0;
+    float* s = st + 16 * r0;
+    int64_t j = 0;
+    for (; j + KJ <= n; j += KJ) QkLanesTile<RV, KJ>(q, hs, d, kt + j, kts, s + j * hs, mx, a);
+    for (; j < n; ++j) QkLanesTile<RV, 1>(q, hs, d, kt + j, kts, s + j * hs, mx, a);
+    for (int r = 0; r < RV; ++r) _mm512_storeu_ps(chunk_max + 16 * (r0 + r), mx[r]);
+  });
   a.All();
 }
 
@@ -974,15 +982,12 @@ KVMESH_AVX512 void PvLanes(const float* st, int64_t hs, int64_t H, int64_t d, co
                            int64_t n, const float* rescale, float* ot, Ahead* ahead) {
   Ahead none;
   Ahead& a = ahead != nullptr ? *ahead : none;
-  const int64_t rv_all = (H + 15) / 16;
-  for (int64_t r0 = 0; r0 < rv_all; r0 += kLaneRv) {
-    WithCount<1, kLaneRv>(std::min<int64_t>(kLaneRv, rv_all - r0), [&]<int RV>() KVMESH_AVX512 {
-      constexpr int DI = kLaneDims<RV>;
-      for (int64_t x0 = 0; x0 < d; x0 += DI) {
-        PvLanesTile<RV, DI>(st + 16 * r0, hs, d, vf, n, rescale + 16 * r0, ot + 16 * r0, x0, a);
-      }
-    });
-  }
+  ForLaneGroups(H, [&]<int RV>(int64_t r0) KVMESH_AVX512 {
+    constexpr int DI = kLaneDims<RV>;
+    for (int64_t x0 = 0; x0 < d; x0 += DI) {
+      PvLanesTile<RV, DI>(st + 16 * r0, hs, d, vf, n, rescale + 16 * r0, ot + 16 * r0, x0, a);
+    }
+  });
   a.All();
 }
 

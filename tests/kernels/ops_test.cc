@@ -629,7 +629,7 @@ TEST_P(IsaTest, PagedBatchIsBitIdenticalToEachSequenceAlone) {
 TEST_P(IsaTest, LaneAttentionKernelsGiveEachHeadsBits) {
   const auto& p = cpu::Prims();
   if (p.qk_lanes == nullptr) GTEST_SKIP() << "the " << IsaName(GetParam()) << " table has none";
-  for (const auto [rows, cols] :
+  for (const auto& [rows, cols] :
        {std::pair<int64_t, int64_t>{48, 64}, {64, 96}, {37, 50}, {5, 3}, {16, 17}, {33, 16}}) {
     const auto src = Randn(rows * (cols + 3), 39);  // a row stride past cols
     std::vector<float> dst((cols + 1) * (rows + 2), -1.0f);
@@ -699,7 +699,7 @@ TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
   // there), the same checks.
   // 40 decode rows: one run over the shared keys cut 20 + 20, each task from other sequences'
   // tables.
-  for (const auto [hd, n_dec] :
+  for (const auto& [hd, n_dec] :
        {std::pair<int64_t, int64_t>{64, 16}, {64, 15}, {64, 40}, {128, 16}}) {
     const int64_t bs = 16, n_heads = 9, n_kv = 3, stride = n_kv * hd;
     const int64_t prefix = 1100, own = 40, pre_rows = 40, pre_pos0 = 700;
@@ -770,7 +770,7 @@ TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
     // Other prefill lengths over the same blocks: cut evenly only where every task then takes
     // the lanes (34 rows stay 32 + 2, 44 stay 32 + 12: one task in lanes per KV head), and each
     // row's bits those of 2-row calls (6 heads, no lanes).
-    for (const auto [n_pre, lane_tasks] : {std::pair<int64_t, int64_t>{34, 1}, {44, 1}}) {
+    for (const auto& [n_pre, lane_tasks] : {std::pair<int64_t, int64_t>{34, 1}, {44, 1}}) {
       if (hd != 64 || n_dec != 16) break;
       const auto qp = Randn(n_pre * row_elems, 54, 0.5f);
       const std::vector<AttentionSeq> pre = {{0, n_pre, pre_pos0, tables[n_dec].data()}};
@@ -795,7 +795,7 @@ TEST_P(IsaTest, PagedLaneTasksGiveTheBitsOfOneRowAndOfSmallChunks) {
           << "prefill rows " << r0 << "-" << r0 + 7 << ", head dim " << hd;
     }
     // Near a naive float64 softmax: decode sequence 5 and prefill row 33.
-    for (const auto [s, t] : {std::pair<int64_t, int64_t>{5, 0}, {n_dec, 33}}) {
+    for (const auto& [s, t] : {std::pair<int64_t, int64_t>{5, 0}, {n_dec, 33}}) {
       const int64_t row = batch[s].token0 + t, keys = batch[s].pos0 + t + 1;
       std::vector<double> ref(row_elems);
       for (int64_t h = 0; h < n_heads; ++h) {
