@@ -15,13 +15,20 @@ namespace kvmesh::kernels::cpu {
 // of them before it returns, spread over its loop where it can (a burst of prefetches stalls on
 // the core's miss buffers: attention's bursts of up to 64 lines took ~6% of a 16-sequence
 // layer), else at its start, and leaves n at 0. Null: none. A kernel's loop steps call One() on
-// a local copy (kept in registers) and store it back after the loop.
+// a local copy (kept in registers) and store it back after the loop. l2: into L2 only
+// (prefetcht1), for lines whose use comes after more data than L1 holds has passed through it.
 struct Ahead {
   const void* const* lines = nullptr;
   int64_t n = 0;
+  bool l2 = false;
   void One() {
     if (n > 0) {
-      __builtin_prefetch(*lines++);
+      if (l2) {
+        __builtin_prefetch(*lines, 0, 2);
+      } else {
+        __builtin_prefetch(*lines);
+      }
+      ++lines;
       --n;
     }
   }
