@@ -289,6 +289,10 @@ KVMESH_AVX512 void PackedTokens(const uint8_t* group, int64_t nb, const BlockA16
       }
     }
   }
+  // Unrolled, as every loop over the tokens here: left a loop, GCC kept acc and mins in memory
+  // for it and cleared both with REP STOSQ on every call (~2% of the 16-token Q4_1 kernel's
+  // samples; the 16-sequence decode step 0.962-0.994x without it, in-process A/B).
+#pragma GCC unroll 8
   for (int t = 0; t < N; ++t) {
     _mm512_storeu_ps(out + t * ldo, kMin ? _mm512_add_ps(acc[t], mins[t]) : acc[t]);
   }
@@ -393,8 +397,10 @@ KVMESH_AVX512 void PackedA8Tokens(const uint8_t* group, int64_t nb, const BlockA
         mins[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t * a_stride + b].dsum), mins[t]);
       }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < N; ++t) acc[t] = _mm512_add_ps(acc[t], mins[t]);
   }
+#pragma GCC unroll 8  // as PackedTokens's last loop
   for (int t = 0; t < N; ++t) _mm512_storeu_ps(out + t * ldo, acc[t]);
 }
 
