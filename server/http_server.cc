@@ -56,8 +56,8 @@ struct Session : std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer;
   std::optional<http::request_parser<http::string_body>> parser;
   bool reading = false;
-  // A generation in flight (owned by this connection).
-  std::optional<serving::RequestId> request;
+  // The generations in flight (owned by this connection): one per choice not yet ended.
+  std::vector<serving::RequestId> requests;
   bool cancelled = false;
   // Raw writes (server-sent events): queued, one in flight.
   std::deque<std::string> out;
@@ -139,7 +139,9 @@ struct Session : std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream.socket().close(ignored);
-    if (request && !cancelled) srv.loop.Cancel(*request);
+    if (!cancelled) {
+      for (serving::RequestId r : requests) srv.loop.Cancel(r);
+    }
     cancelled = true;  // a submission still in flight is cancelled when its id arrives
     std::lock_guard<std::mutex> lock(srv.sessions_mu);
     srv.sessions.erase(shared_from_this());
@@ -155,7 +157,7 @@ struct Session : std::enable_shared_from_this<Session> {
     stream.socket().async_wait(
         tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
           self->watching_ = false;
-          if (ec || self->closed_ || !self->request) return;
+          if (ec || self->closed_ || self->requests.empty()) return;
           beast::error_code e2;
           const size_t n = self->stream.socket().available(e2);
           // Readable with nothing to read: the peer closed.
@@ -282,11 +284,8 @@ struct Session : std::enable_shared_from_this<Session> {
   }
 
   void Start(std::shared_ptr<ApiRequest> api, std::vector<int32_t> prompt, bool chat, bool keep) {
-    serving::Request r;
-    r.prompt = std::move(prompt);
-    const auto& tok = srv.engine.tokenizer();
     // In vLLM's words, which clients match to trim a conversation.
-    const int64_t ctx = srv.engine.ctx_size(), n = static_cast<int64_t>(r.prompt.size());
+    const int64_t ctx = srv.engine.ctx_size(), n = static_cast<int64_t>(prompt.size());
     const int64_t room = ctx - n;
     const char* input = chat ? "messages" : "prompt";
     if (room <= 0) {
@@ -300,15 +299,11 @@ struct Session : std::enable_shared_from_this<Session> {
       return Reply(http::status::bad_request,
                    ErrorJson(400, ContextError(ctx, n, max_tokens, input), input), false);
     }
-    r.max_tokens = static_cast<int32_t>(max_tokens);
-    r.sampling = api->sampling;
-    r.ignore_eos = api->ignore_eos;
-    r.session_id = api->session_id;
-    r.logprobs = api->logprobs ? std::max(api->top_logprobs, 1) : 0;
     const std::string id = StrCat(chat ? "chatcmpl-" : "cmpl-", srv.next_id++);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    const int choices = api->n;
 
-    // State shared by the callbacks, touched only on this connection's (io) thread.
+    // One choice's state, touched only on this connection's (io) thread.
     struct Gen {
       std::string text, pending;
       bool first = true;
@@ -320,139 +315,221 @@ struct Session : std::enable_shared_from_this<Session> {
       bool stopped = false;
       int64_t tokens = 0;   // received so far; after a stop, those up to the one completing it
       size_t lp_chars = 0;  // characters of the tokens whose logprobs were streamed
+      std::optional<serving::RequestId> request;  // accepted and not yet ended
+      std::optional<serving::Completion> done;
       // A stream chunk of `delta` with the logprobs not yet streamed (text_offset counted on).
       std::string Chunk(const ApiRequest& api, const std::string& id, int64_t created,
-                        const std::string& delta, const std::string& finish) {
+                        const std::string& delta, const std::string& finish, int index) {
         const size_t at = lp_chars;
         for (const ApiLogprob& lp : pending_lps)
           lp_chars += TextOffsetOf(lp.text.value_or(lp.token));
         std::string out = StreamChunk(api, id, created, delta, finish, first,
-                                      api.logprobs ? &pending_lps : nullptr, at);
+                                      api.logprobs ? &pending_lps : nullptr, at, index);
         pending_lps.clear();
         first = false;
         return out;
       }
     };
-    auto gen = std::make_shared<Gen>();
+    // The request's state: its choices, and how their submissions went. A stream's chunks wait
+    // in `held` until every choice is accepted (the response starts then: a choice refused
+    // before that is answered with the refusal alone).
+    struct Job {
+      std::vector<Gen> gens;
+      int accepted = 0, ended = 0;
+      bool refused = false, failed = false, started = false;
+      std::vector<std::string> held;
+    };
+    auto job = std::make_shared<Job>();
+    job->gens.resize(static_cast<size_t>(choices));
     auto self = shared_from_this();
     auto& io = srv.io;
-    serving::Callbacks cb;
-    if (api->logprobs) {
-      cb.on_logprobs = [gen, &io, &tok](serving::RequestId, const serving::TokenLogprobs& l) {
-        ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}, tok.TokenBytes(l.token)};
-        for (const auto& [t, lp] : l.top) a.top.emplace_back(tok.TokenBytes(t, true), lp);
-        asio::post(io, [gen, a = std::move(a)] {
-          if (gen->stopped) return;  // a token after the stop sequence's
-          gen->lps.push_back(a);
-          gen->pending_lps.push_back(a);
+    const auto& tok = srv.engine.tokenizer();
+    auto send = [self, job](std::string chunk) {
+      if (self->cancelled || job->refused || job->failed) return;
+      if (job->started) {
+        self->Send(std::move(chunk));
+      } else {
+        job->held.push_back(std::move(chunk));
+      }
+    };
+    // Ends the other choices (one was refused or failed); their completions then change nothing.
+    auto cancel_all = [self, job] {
+      for (Gen& g : job->gens) {
+        if (g.request) self->srv.loop.Cancel(*g.request);
+      }
+    };
+    // Every choice has ended: the response, or the stream's last chunks.
+    auto finish_all = [self, job, api, id, created, keep] {
+      ApiUsage usage;
+      std::vector<ApiChoice> out;
+      for (Gen& g : job->gens) {
+        const serving::Completion& c = *g.done;
+        if (&g == &job->gens.front()) {  // the prompt counts once
+          usage.prompt_tokens = c.prompt_tokens;
+          usage.cached_tokens = c.cached_tokens;
+        }
+        usage.completion_tokens += static_cast<int64_t>(c.tokens.size());
+        if (!c.tokens.empty() && (usage.engine_ttft_ms < 0 || c.ttft_ms < usage.engine_ttft_ms)) {
+          usage.engine_ttft_ms = c.ttft_ms;  // the first token of any choice
+        }
+        out.push_back({g.text, c.stop_reason == "eos" ? "stop" : c.stop_reason,
+                       api->logprobs ? &g.lps : nullptr});
+      }
+      if (api->stream) {
+        if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
+        self->Send("data: [DONE]\n\n");
+        self->close_after_writes = true;
+        if (!self->writing) self->Close();
+        return;
+      }
+      self->Reply(http::status::ok, CompletionJson(*api, id, created, out, usage), keep);
+    };
+
+    for (int i = 0; i < choices; ++i) {
+      serving::Request r;
+      r.prompt = prompt;
+      r.max_tokens = static_cast<int32_t>(max_tokens);
+      r.sampling = api->sampling;
+      r.sampling.seed += static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
+      r.ignore_eos = api->ignore_eos;
+      r.session_id = api->session_id;
+      r.logprobs = api->logprobs ? std::max(api->top_logprobs, 1) : 0;
+      serving::Callbacks cb;
+      if (api->logprobs) {
+        cb.on_logprobs = [job, i, &io, &tok](serving::RequestId, const serving::TokenLogprobs& l) {
+          ApiLogprob a{tok.TokenBytes(l.token, true), l.logprob, {}, tok.TokenBytes(l.token)};
+          for (const auto& [t, lp] : l.top) a.top.emplace_back(tok.TokenBytes(t, true), lp);
+          asio::post(io, [job, i, a = std::move(a)] {
+            Gen& g = job->gens[i];
+            if (g.stopped) return;  // a token after the stop sequence's
+            g.lps.push_back(a);
+            g.pending_lps.push_back(a);
+          });
+        };
+      }
+      cb.on_token = [self, job, api, id, created, i, send, &io, &tok](serving::RequestId,
+                                                                      int32_t t) {
+        std::string bytes = tok.TokenBytes(t);
+        asio::post(io, [self, job, api, id, created, i, send, bytes = std::move(bytes)] {
+          Gen& g = job->gens[i];
+          if (g.stopped) return;
+          ++g.tokens;
+          g.pending += bytes;
+          const size_t n = CompleteUtf8Prefix(g.pending);
+          if (n == 0) return;
+          g.text += g.pending.substr(0, n);
+          g.pending.erase(0, n);
+          size_t ready = g.text.size();  // what may be streamed now
+          if (!api->stop.empty()) {
+            // The earliest stop sequence in the text (it may begin in text already held back).
+            size_t at = std::string::npos, longest = 0;
+            for (const std::string& s : api->stop) {
+              longest = std::max(longest, s.size());
+              const size_t from = g.sent >= s.size() ? g.sent - s.size() + 1 : 0;
+              at = std::min(at, g.text.find(s, from));
+            }
+            if (at != std::string::npos) {
+              g.text.resize(at);
+              g.pending.clear();
+              g.stopped = true;
+              ready = at;
+              // Finished, not cancelled: counted as a success, the session recorded.
+              if (g.request) self->srv.loop.FinishEarly(*g.request);
+            } else {
+              // Hold back what could begin a stop sequence, cut at a character boundary.
+              ready = g.text.size() > longest - 1 ? g.text.size() - (longest - 1) : 0;
+              ready =
+                  std::max(g.sent, CompleteUtf8Prefix(std::string_view(g.text).substr(0, ready)));
+            }
+          }
+          if (api->stream && ready > g.sent) {
+            send(g.Chunk(*api, id, created, g.text.substr(g.sent, ready - g.sent), "", i));
+          }
+          g.sent = std::max(g.sent, ready);
         });
       };
+      cb.on_done = [self, job, api, id, created, i, send, cancel_all, finish_all,
+                    &io](const serving::Completion& c) {
+        asio::post(
+            io, [self, job, api, id, created, i, send, cancel_all, finish_all, c = c]() mutable {
+              Gen& g = job->gens[i];
+              if (g.request) std::erase(self->requests, *g.request);
+              g.request.reset();
+              ++job->ended;
+              if (job->refused || job->failed || self->cancelled) return;
+              if (g.stopped) {
+                // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
+                // first; the tokens generated after the stop's are not the answer's.
+                if (absl::IsCancelled(c.status))
+                  c.status = absl::OkStatus();  // e.g. the drain's end
+                c.stop_reason = "eos";
+                c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(g.tokens)));
+              } else {
+                g.text += g.pending;
+              }
+              if (!c.status.ok()) {
+                job->failed = true;
+                cancel_all();
+                // A stream that has started reports the failure in it; before that (a choice
+                // still waiting for its submission) the response is the error alone.
+                if (!api->stream || !job->started) {
+                  return self->Reply(http::status::internal_server_error,
+                                     ErrorJson(500, StatusText(c.status)), false);
+                }
+                self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
+                self->Send("data: [DONE]\n\n");
+                self->close_after_writes = true;
+                if (!self->writing) self->Close();
+                return;
+              }
+              const std::string held = g.text.substr(std::min(g.sent, g.text.size()));
+              const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
+              if (api->stream) send(g.Chunk(*api, id, created, held, finish, i));
+              g.done = std::move(c);
+              if (job->ended == static_cast<int>(job->gens.size())) {
+                // A stream's last chunk waits for the start (every choice accepted).
+                if (!api->stream || job->started) finish_all();
+              }
+            });
+      };
+      srv.loop.Submit(
+          std::move(r), std::move(cb),
+          [self, job, api, i, cancel_all, finish_all, &io](absl::StatusOr<serving::RequestId> got) {
+            asio::post(io, [self, job, api, i, cancel_all, finish_all, got] {
+              Gen& g = job->gens[i];
+              if (!got.ok()) {
+                ++job->ended;
+                if (job->refused || job->failed) return;
+                job->refused = true;
+                cancel_all();
+                const int code = absl::IsResourceExhausted(got.status()) ? 429
+                                 : absl::IsUnavailable(got.status())     ? 503
+                                                                         : 400;
+                return self->Reply(static_cast<http::status>(code),
+                                   ErrorJson(code, StatusText(got.status())), false);
+              }
+              g.request = *got;
+              self->requests.push_back(*got);
+              if (self->cancelled || job->refused || job->failed) {
+                self->srv.loop.Cancel(*got);
+                return;
+              }
+              if (++job->accepted < static_cast<int>(job->gens.size())) return;
+              job->started = true;
+              // No read is pending while a response is generated: watch the socket so a client
+              // that hangs up stops its generation (and frees its KV blocks).
+              self->WatchForHangUp();
+              if (!api->stream) return;
+              self->Send(
+                  "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                  "Cache-Control: no-cache\r\nServer: kvmesh\r\n"
+                  "Connection: close\r\n\r\n");
+              for (std::string& chunk : job->held) self->Send(std::move(chunk));
+              job->held.clear();
+              if (job->ended == static_cast<int>(job->gens.size())) finish_all();
+            });
+          });
     }
-    cb.on_token = [self, gen, api, id, created, &io, &tok](serving::RequestId, int32_t t) {
-      std::string bytes = tok.TokenBytes(t);
-      asio::post(io, [self, gen, api, id, created, bytes = std::move(bytes)] {
-        if (gen->stopped) return;
-        ++gen->tokens;
-        gen->pending += bytes;
-        const size_t n = CompleteUtf8Prefix(gen->pending);
-        if (n == 0) return;
-        gen->text += gen->pending.substr(0, n);
-        gen->pending.erase(0, n);
-        size_t ready = gen->text.size();  // what may be streamed now
-        if (!api->stop.empty()) {
-          // The earliest stop sequence in the text (it may begin in text already held back).
-          size_t at = std::string::npos, longest = 0;
-          for (const std::string& s : api->stop) {
-            longest = std::max(longest, s.size());
-            const size_t from = gen->sent >= s.size() ? gen->sent - s.size() + 1 : 0;
-            at = std::min(at, gen->text.find(s, from));
-          }
-          if (at != std::string::npos) {
-            gen->text.resize(at);
-            gen->pending.clear();
-            gen->stopped = true;
-            ready = at;
-            // Finished, not cancelled: counted as a success, the session recorded.
-            if (self->request) self->srv.loop.FinishEarly(*self->request);
-          } else {
-            // Hold back what could begin a stop sequence, cut at a character boundary.
-            ready = gen->text.size() > longest - 1 ? gen->text.size() - (longest - 1) : 0;
-            ready = std::max(gen->sent,
-                             CompleteUtf8Prefix(std::string_view(gen->text).substr(0, ready)));
-          }
-        }
-        if (api->stream && !self->cancelled && ready > gen->sent) {
-          self->Send(
-              gen->Chunk(*api, id, created, gen->text.substr(gen->sent, ready - gen->sent), ""));
-        }
-        gen->sent = std::max(gen->sent, ready);
-      });
-    };
-    cb.on_done = [self, gen, api, id, created, keep, &io](const serving::Completion& c) {
-      asio::post(io, [self, gen, api, id, created, keep, c = c]() mutable {
-        self->request.reset();
-        if (gen->stopped) {
-          // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
-          // first; the tokens generated after the stop's are not the answer's.
-          if (absl::IsCancelled(c.status)) c.status = absl::OkStatus();  // e.g. the drain's end
-          c.stop_reason = "eos";
-          c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(gen->tokens)));
-        } else {
-          gen->text += gen->pending;
-        }
-        const std::string held = gen->text.substr(std::min(gen->sent, gen->text.size()));
-        const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
-        const ApiUsage usage{c.prompt_tokens, static_cast<int64_t>(c.tokens.size()),
-                             c.cached_tokens, c.tokens.empty() ? -1.0 : c.ttft_ms};
-        if (api->stream) {
-          if (self->cancelled) return;
-          if (!c.status.ok()) {
-            self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
-          } else {
-            self->Send(gen->Chunk(*api, id, created, held, finish));
-            if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
-          }
-          self->Send("data: [DONE]\n\n");
-          self->close_after_writes = true;
-          if (!self->writing) self->Close();
-          return;
-        }
-        if (!c.status.ok()) {
-          return self->Reply(http::status::internal_server_error,
-                             ErrorJson(500, StatusText(c.status)), false);
-        }
-        self->Reply(http::status::ok,
-                    CompletionJson(*api, id, created, gen->text, finish, usage,
-                                   api->logprobs ? &gen->lps : nullptr),
-                    keep);
-      });
-    };
-    srv.loop.Submit(std::move(r), std::move(cb),
-                    [self, api, &io](absl::StatusOr<serving::RequestId> got) {
-                      asio::post(io, [self, api, got] {
-                        if (!got.ok()) {
-                          const int code = absl::IsResourceExhausted(got.status()) ? 429
-                                           : absl::IsUnavailable(got.status())     ? 503
-                                                                                   : 400;
-                          return self->Reply(static_cast<http::status>(code),
-                                             ErrorJson(code, StatusText(got.status())), false);
-                        }
-                        self->request = *got;
-                        if (self->cancelled) {
-                          self->srv.loop.Cancel(*got);
-                          return;
-                        }
-                        // No read is pending while a response is generated: watch the socket so
-                        // a client that hangs up stops its generation (and frees its KV blocks).
-                        self->WatchForHangUp();
-                        if (api->stream) {
-                          self->Send(
-                              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                              "Cache-Control: no-cache\r\nServer: kvmesh\r\n"
-                              "Connection: close\r\n\r\n");
-                        }
-                      });
-                    });
   }
 };
 

@@ -201,10 +201,7 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
       return Bad("prompt", "must be a string or a non-empty array of token ids");
     }
   }
-  int32_t n = 1;
-  if (auto s = Number(j, "n", 1, 1, n); !s.ok()) {
-    return Bad("n", "must be 1 (one choice per request)");
-  }
+  if (auto s = Number(j, "n", 1, limits.max_choices, r.n); !s.ok()) return s;
   if (chat) {  // "logprobs": true, "top_logprobs": k
     if (auto s = Bool(j, "logprobs", r.logprobs); !s.ok()) return s;
     if (auto s = Number(j, "top_logprobs", 0, 20, r.top_logprobs); !s.ok()) return s;
@@ -241,6 +238,9 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
   if (auto s = Bool(j, "stream", r.stream); !s.ok()) return s;
   if (auto s = Bool(j, "ignore_eos", r.ignore_eos); !s.ok()) return s;
   if (auto s = String(j, "session_id", r.session_id); !s.ok()) return s;
+  if (r.n > 1 && !r.session_id.empty()) {
+    return Bad("n", "must be 1 with a session_id (a session continues one conversation)");
+  }
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "must be an object");
     if (!r.stream) return Bad("stream_options", "needs \"stream\": true");
@@ -313,21 +313,25 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
 }  // namespace
 
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
-                           const std::string& text, const std::string& finish_reason,
-                           const ApiUsage& usage, const std::vector<ApiLogprob>* logprobs) {
-  json choice = {{"index", 0},
-                 {"finish_reason", finish_reason},
-                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json()}};
-  if (req.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+                           const std::vector<ApiChoice>& choices, const ApiUsage& usage) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ApiChoice& c = choices[i];
+    json choice = {{"index", i},
+                   {"finish_reason", c.finish_reason},
+                   {"logprobs", c.logprobs ? LogprobsJson(req, *c.logprobs) : json()}};
+    if (req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    list.push_back(std::move(choice));
   }
   json out = {{"id", id},
               {"object", req.chat ? "chat.completion" : "text_completion"},
               {"created", created},
               {"model", req.model},
-              {"choices", json::array({choice})},
+              {"choices", std::move(list)},
               {"usage", Usage(usage)}};
   // An extension: the time to first token as the engine measured it (submit to first sample),
   // so clients can tell the API's own overhead.
@@ -337,8 +341,8 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
 
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
                         const std::string& delta, const std::string& finish_reason, bool first,
-                        const std::vector<ApiLogprob>* logprobs, size_t text_offset) {
-  json choice = {{"index", 0},
+                        const std::vector<ApiLogprob>* logprobs, size_t text_offset, int index) {
+  json choice = {{"index", index},
                  {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)},
                  {"logprobs", logprobs ? LogprobsJson(req, *logprobs, text_offset) : json()}};
   if (req.chat) {

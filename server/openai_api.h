@@ -17,13 +17,15 @@ namespace kvmesh::server {
 
 struct ApiLimits {
   int64_t max_context =
-      8192;                // the engine's context: max_tokens <= context - prompt (checked later)
-  int64_t vocab_size = 0;  // a prompt's token ids must be below it (0: any id >= 0)
+      8192;                  // the engine's context: max_tokens <= context - prompt (checked later)
+  int64_t vocab_size = 0;    // a prompt's token ids must be below it (0: any id >= 0)
+  int32_t max_choices = 16;  // n's ceiling: each choice is a sequence of its own
 };
 
 // A parsed /v1/completions or /v1/chat/completions body.
 struct ApiRequest {
   bool chat = false;
+  int32_t n = 1;  // choices: n generations of the one prompt, choice i sampled with seed + i
   std::string model;
   std::string prompt;                        // completions: text,
   std::vector<int32_t> prompt_ids;           // or token ids (then `prompt` is empty)
@@ -42,9 +44,10 @@ struct ApiRequest {
   std::vector<std::string> stop;
 };
 
-// InvalidArgument naming the field for anything malformed or unsupported (n != 1, more than 20
-// logprobs, several prompts, unknown roles, out-of-range numbers, fields this server does not
-// implement); the field is also the status's ParamOf.
+// InvalidArgument naming the field for anything malformed or unsupported (n above
+// max_choices or with a session, more than 20 logprobs, several prompts, unknown roles,
+// out-of-range numbers, fields this server does not implement); the field is also the status's
+// ParamOf.
 absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
                                            const ApiLimits& limits);
 // The request field a ParseApiRequest error is about ("" if none): the error object's "param".
@@ -65,17 +68,25 @@ struct ApiUsage {
   double engine_ttft_ms = -1;  // >= 0: reported as {"kvmesh": {"engine_ttft_ms": ...}}
 };
 
-// The whole response of a non-streamed request.
+// One choice of a response: its text, why it ended, and its tokens' logprobs (null: none asked).
+struct ApiChoice {
+  std::string text;
+  std::string finish_reason;
+  const std::vector<ApiLogprob>* logprobs = nullptr;
+};
+
+// The whole response of a non-streamed request: choice i has index i. usage counts the prompt
+// once and the tokens of every choice.
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created,
-                           const std::string& text, const std::string& finish_reason,
-                           const ApiUsage& usage,
-                           const std::vector<ApiLogprob>* logprobs = nullptr);
-// One server-sent event ("data: {...}\n\n") carrying `delta` (and finish_reason when non-empty).
-// A completion's logprobs count their text_offset from `text_offset` (the characters streamed
-// before this chunk's tokens).
+                           const std::vector<ApiChoice>& choices, const ApiUsage& usage);
+// One server-sent event ("data: {...}\n\n") carrying choice `index`'s `delta` (and
+// finish_reason when non-empty); `first`: the choice's first chunk (a chat delta's role). A
+// completion's logprobs count their text_offset from `text_offset` (the characters of the choice
+// streamed before this chunk's tokens).
 std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t created,
                         const std::string& delta, const std::string& finish_reason, bool first,
-                        const std::vector<ApiLogprob>* logprobs = nullptr, size_t text_offset = 0);
+                        const std::vector<ApiLogprob>* logprobs = nullptr, size_t text_offset = 0,
+                        int index = 0);
 // The characters (UTF-8 code points, or parts of one) that text_offset counts for `token`.
 size_t TextOffsetOf(std::string_view token);
 // The final usage chunk of a stream with include_usage.

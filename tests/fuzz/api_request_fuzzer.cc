@@ -32,8 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto r = kvmesh::server::ParseApiRequest(req.body(), chat, {});
   if (!r.ok()) return 0;
   const std::string text = chat && !r->messages.empty() ? r->messages.back().content : r->prompt;
-  (void)kvmesh::server::CompletionJson(*r, "id", 0, text, "stop", {1, 2, 3});
-  (void)kvmesh::server::StreamChunk(*r, "id", 0, text, "", true);
+  const std::vector<kvmesh::server::ApiChoice> choices(r->n, {text, "stop"});
+  (void)kvmesh::server::CompletionJson(*r, "id", 0, choices, {1, 2, 3});
+  (void)kvmesh::server::StreamChunk(*r, "id", 0, text, "", true, nullptr, 0, r->n - 1);
   (void)kvmesh::server::ErrorJson(400, text);
   return 0;
 }

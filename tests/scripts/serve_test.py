@@ -4,6 +4,7 @@ usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload 
                                       concurrent)
 """
 import json
+import os
 import re
 import sys
 import threading
@@ -118,7 +119,7 @@ if mode == "main":
                             ("/v1/chat/completions", b'{"messages": []}', 400),
                             ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400),
                             ("/v1/completions", b'{"prompt": 1}', 400),
-                            ("/v1/completions", b'{"prompt": "x", "n": 2}', 400),
+                            ("/v1/completions", b'{"prompt": "x", "n": 99}', 400),
                             ("/v1/completions", b'{"prompt": "x", "max_tokens": 9000}', 400),
                             ("/v1/completions", b'{"prompt": "x", "temperature": -1}', 400),
                             ("/v1/nothing", b"{}", 404)]:
@@ -129,7 +130,7 @@ if mode == "main":
     err = json.loads(body)["error"]
     check(code == 400 and err["message"].startswith("This model's maximum context length is 8192")
           and err["param"] == "prompt", f"context error: {body}")
-    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 2})
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 0})
     check(json.loads(body)["error"]["param"] == "n", f"param of a bad field: {body}")
     # Only the served model: another is 404 (vLLM's message), the served one is echoed.
     name = json.loads(call("GET", "/v1/models")[1])["data"][0]["id"]
@@ -183,6 +184,61 @@ if mode == "main":
               metric("kvmesh:request_cancelled_total")))
     check(0 < usage["completion_tokens"] < 24, f"tokens up to the stop: {usage}")
     print(f"serve main: stop sequence {stop!r} ends the text, streamed and not")
+    # n choices of one prompt. Greedy: n copies of the one answer, usage counting each.
+    code, body, _ = call("POST", "/v1/completions", dict(plain, max_tokens=8))
+    one = json.loads(body)
+    code, body, _ = call("POST", "/v1/completions", dict(plain, max_tokens=8, n=3))
+    three = json.loads(body)
+    check(code == 200 and [c["index"] for c in three["choices"]] == [0, 1, 2] and
+          all(c["text"] == one["choices"][0]["text"] for c in three["choices"]),
+          f"greedy n=3: {body} vs {one}")
+    check(three["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"] and
+          three["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"], f"n=3 usage {body}")
+    # Sampled with a seed: choice i is what n=1 gives with seed + i (so choices differ and
+    # repeat), streamed alike, each choice's chunks by its index.
+    sampled = {"prompt": "Once upon a time", "temperature": 1.0, "max_tokens": 12,
+               "ignore_eos": True, "seed": 11}
+    code, body, _ = call("POST", "/v1/completions", dict(sampled, n=3))
+    texts = [c["text"] for c in json.loads(body)["choices"]]
+    alone = [json.loads(call("POST", "/v1/completions", dict(sampled, seed=11 + i))[1])
+             ["choices"][0]["text"] for i in range(3)]
+    check(code == 200 and texts == alone and len(set(texts)) > 1,
+          f"seeded n=3 {texts} vs one at a time {alone}")
+    code, body, _ = call("POST", "/v1/chat/completions",
+                         chat([{"role": "user", "content": "Name a colour."}], n=2,
+                              temperature=1.0, seed=5, stream=True,
+                              stream_options={"include_usage": True}))
+    events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
+    check(code == 200 and events[-1] == "[DONE]", f"n=2 stream: {body[-200:]}")
+    chunks = [json.loads(e) for e in events[:-1]]
+    got = {0: "", 1: ""}
+    finishes = {0: 0, 1: 0}
+    for c in chunks[:-1]:
+        (ch,) = c["choices"]
+        got[ch["index"]] += ch["delta"].get("content", "")
+        finishes[ch["index"]] += ch["finish_reason"] is not None
+    code, body, _ = call("POST", "/v1/chat/completions",
+                         chat([{"role": "user", "content": "Name a colour."}], n=2,
+                              temperature=1.0, seed=5))
+    whole = json.loads(body)
+    check([got[0], got[1]] == [c["message"]["content"] for c in whole["choices"]] and
+          finishes == {0: 1, 1: 1}, f"n=2 streamed {got} {finishes} vs {body}")
+    check(chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"],
+          f"n=2 stream usage {chunks[-1]}")
+    # The choices share the prompt's KV blocks: n=4 over a fresh prompt of many full blocks
+    # finds them cached for the choices after the first on each replica (SERVE_TEST_DP: the
+    # server's data-parallel replicas, each with its own cache).
+    dp = int(os.environ.get("SERVE_TEST_DP", "1"))
+    fresh = " ".join(f"Box {i} holds {i * 7 % 13} marbles." for i in range(60))
+    hits0 = metric("kvmesh:prefix_cache_hits_total")
+    code, body, _ = call("POST", "/v1/completions",
+                         {"prompt": fresh, "temperature": 0, "max_tokens": 2, "n": 4})
+    n_prompt = json.loads(body)["usage"]["prompt_tokens"]
+    shared = metric("kvmesh:prefix_cache_hits_total") - hits0
+    check(code == 200 and shared >= (4 - dp) * (n_prompt // 16 - 1) * 16,
+          f"n=4 over a {n_prompt}-token prompt, {dp} replicas: {shared} tokens from the cache")
+    print(f"serve main: n choices (greedy copies, seeded = one at a time, streamed by index, "
+          f"{shared:.0f} prompt tokens shared by 4 choices)")
     # Three keep-alive requests on one connection, the second pipelined behind the first and the
     # third sent while the second runs: all three are answered (two hang-up watches, one left
     # over from the first request, once raced for the third's bytes and closed the connection).
@@ -280,6 +336,23 @@ if mode == "main":
         time.sleep(0.1)
     check(metric("kvmesh:request_cancelled_total") > before, "hang-up after a pipelined request")
     print("serve main: a hang-up after pipelined bytes cancels the request")
+    # A client that hangs up on a streamed n=3 request: all three choices are cancelled.
+    before = metric("kvmesh:request_cancelled_total")
+    body = json.dumps({"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "n": 3,
+                       "stream": True}).encode()
+    s = socket.create_connection((u.hostname, u.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    first = s.recv(4096)
+    check(first.startswith(b"HTTP/1.1 200"), f"n=3 stream: {first[:80]!r}")
+    s.close()
+    for _ in range(100):
+        if metric("kvmesh:request_cancelled_total") >= before + 3:
+            break
+        time.sleep(0.1)
+    check(metric("kvmesh:request_cancelled_total") == before + 3,
+          f"hang-up on n=3: cancelled {before} -> {metric('kvmesh:request_cancelled_total')}")
+    print("serve main: a hang-up on a streamed n=3 request cancels its three choices")
 
 elif mode == "auth":
     key = sys.argv[3]
@@ -322,6 +395,14 @@ elif mode == "overload":
             check(time.time() < deadline, f"{name} never reached {value}")
             time.sleep(0.01)
 
+    # n = 3 choices where at most two fit (one running, one waiting): 429, and the choices that
+    # were accepted are cancelled, leaving nothing behind.
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 512,
+                                                     "ignore_eos": True, "n": 3})
+    check(code == 429 and json.loads(body)["error"]["type"] == "rate_limit_error",
+          f"n=3 over capacity: {code} {body}")
+    wait_for("kvmesh:num_requests_running", 0)
+    wait_for("kvmesh:num_requests_waiting", 0)
     results = []
 
     def one(max_tokens):

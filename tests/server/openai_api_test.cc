@@ -84,7 +84,11 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
       {R"({"messages": [{"role": "user", "content": 3}]})", "content"},
       {R"({"messages": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]})",
        "content parts"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "'n'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 17})", "'n'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 0})", "'n'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 1.5})", "integer"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2, "session_id": "s"})",
+       "session_id"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})", "'max_tokens'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", "integer"},
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})",
@@ -164,9 +168,10 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   ApiRequest chat;
   chat.chat = true;
   chat.model = "m";
-  const json c = json::parse(CompletionJson(chat, "id1", 5, "Paris.", "stop", {10, 3, 8}));
+  const json c = json::parse(CompletionJson(chat, "id1", 5, {{"Paris.", "stop"}}, {10, 3, 8}));
   EXPECT_EQ(c["object"], "chat.completion");
   EXPECT_EQ(c["choices"][0]["message"]["content"], "Paris.");
+  EXPECT_EQ(c["choices"].size(), 1u);
   EXPECT_EQ(c["usage"]["total_tokens"], 13);
   EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
   const std::string chunk = StreamChunk(chat, "id1", 5, "Par", "", true);
@@ -175,6 +180,23 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   const json k = json::parse(chunk.substr(6));
   EXPECT_EQ(k["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(k["choices"][0]["finish_reason"].is_null());
+  // n choices: each with its index; a choice's chunks carry it.
+  ApiRequest two = chat;
+  two.n = 2;
+  const json m =
+      json::parse(CompletionJson(two, "id4", 5, {{"Paris.", "stop"}, {"Lyon", "length"}}, {}));
+  ASSERT_EQ(m["choices"].size(), 2u);
+  EXPECT_EQ(m["choices"][1]["index"], 1);
+  EXPECT_EQ(m["choices"][1]["message"]["content"], "Lyon");
+  EXPECT_EQ(m["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(m["choices"][0]["index"], 0);
+  const json k1 = json::parse(StreamChunk(two, "id4", 5, "Ly", "", true, nullptr, 0, 1).substr(6));
+  EXPECT_EQ(k1["choices"][0]["index"], 1);
+  EXPECT_EQ(k1["choices"][0]["delta"]["role"], "assistant");
+  auto n3 = ParseApiRequest(R"({"prompt": "a", "n": 3, "seed": 7})", false, {});
+  ASSERT_TRUE(n3.ok()) << n3.status();
+  EXPECT_EQ(n3->n, 3);
+  EXPECT_EQ(ParseApiRequest(R"({"prompt": "a"})", false, {})->n, 1);
   const json e = json::parse(ErrorJson(429, "queue full"));
   EXPECT_EQ(e["error"]["type"], "rate_limit_error");
   EXPECT_TRUE(e["error"].contains("param") && e["error"]["param"].is_null());
