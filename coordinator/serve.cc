@@ -1,5 +1,6 @@
 #include "coordinator/serve.h"
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <map>
@@ -71,6 +72,8 @@ int Serve(int argc, char** argv) {
   }
   return RunLaunched(launch, [&]() -> int {
     server::EngineLoop loop(*launch.serving);
+    // The n choices of a request queue on one replica together: never more than its queue takes.
+    ho.max_choices = std::min(ho.max_choices, launch.serving->max_waiting());
     auto http = server::HttpServer::Start(ho, loop, *launch.engine);
     if (!http.ok()) return Fail(http.status());
     (*http)->OnSignal([&loop] { loop.Stop(); });

@@ -254,8 +254,9 @@ struct Session : std::enable_shared_from_this<Session> {
   }
 
   void Generate(const std::string& body, bool chat, bool keep) {
-    auto parsed =
-        ParseApiRequest(body, chat, {srv.engine.ctx_size(), srv.engine.tokenizer().vocab_size()});
+    auto parsed = ParseApiRequest(
+        body, chat,
+        {srv.engine.ctx_size(), srv.engine.tokenizer().vocab_size(), srv.opts.max_choices});
     if (!parsed.ok()) {
       return Reply(http::status::bad_request,
                    ErrorJson(400, StatusText(parsed.status()), ParamOf(parsed.status())), false);
@@ -285,19 +286,19 @@ struct Session : std::enable_shared_from_this<Session> {
 
   void Start(std::shared_ptr<ApiRequest> api, std::vector<int32_t> prompt, bool chat, bool keep) {
     // In vLLM's words, which clients match to trim a conversation.
-    const int64_t ctx = srv.engine.ctx_size(), n = static_cast<int64_t>(prompt.size());
-    const int64_t room = ctx - n;
+    const int64_t ctx = srv.engine.ctx_size(), prompt_len = static_cast<int64_t>(prompt.size());
+    const int64_t room = ctx - prompt_len;
     const char* input = chat ? "messages" : "prompt";
     if (room <= 0) {
-      return Reply(http::status::bad_request, ErrorJson(400, ContextError(ctx, n, 0, input), input),
-                   false);
+      return Reply(http::status::bad_request,
+                   ErrorJson(400, ContextError(ctx, prompt_len, 0, input), input), false);
     }
     // Not given: what the context and the KV pool leave (a pool smaller than one context would
     // otherwise refuse every such request).
-    const int64_t max_tokens = api->max_tokens.value_or(DefaultMaxTokens(srv.engine, n));
+    const int64_t max_tokens = api->max_tokens.value_or(DefaultMaxTokens(srv.engine, prompt_len));
     if (max_tokens > room) {
       return Reply(http::status::bad_request,
-                   ErrorJson(400, ContextError(ctx, n, max_tokens, input), input), false);
+                   ErrorJson(400, ContextError(ctx, prompt_len, max_tokens, input), input), false);
     }
     const std::string id = StrCat(chat ? "chatcmpl-" : "cmpl-", srv.next_id++);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -330,11 +331,14 @@ struct Session : std::enable_shared_from_this<Session> {
         return out;
       }
     };
-    // The request's state: its choices, and how their submissions went. A stream's chunks wait
-    // in `held` until every choice is accepted (the response starts then: a choice refused
-    // before that is answered with the refusal alone).
+    // The request's state: its choices, and how their submissions went. Choice 0 is submitted
+    // first and the others once it is accepted, onto its replica (whose prefix cache will hold
+    // the prompt); until then they wait in `queued`. A stream's chunks wait in `held` until
+    // every choice is accepted (the response starts then: a choice refused before that is
+    // answered with the refusal alone).
     struct Job {
       std::vector<Gen> gens;
+      std::vector<std::pair<serving::Request, serving::Callbacks>> queued;
       int accepted = 0, ended = 0;
       bool refused = false, failed = false, started = false;
       std::vector<std::string> held;
@@ -385,9 +389,48 @@ struct Session : std::enable_shared_from_this<Session> {
       self->Reply(http::status::ok, CompletionJson(*api, id, created, out, usage), keep);
     };
 
+    // A choice's submission result: false when the request is over for it (refused, failed,
+    // the client gone), true when it runs on.
+    auto accept = [self, job, api, cancel_all, finish_all](int i,
+                                                           absl::StatusOr<serving::RequestId> got) {
+      Gen& g = job->gens[i];
+      if (!got.ok()) {
+        ++job->ended;
+        if (job->refused || job->failed) return false;
+        job->refused = true;
+        cancel_all();
+        const int code = absl::IsResourceExhausted(got.status()) ? 429
+                         : absl::IsUnavailable(got.status())     ? 503
+                                                                 : 400;
+        self->Reply(static_cast<http::status>(code), ErrorJson(code, StatusText(got.status())),
+                    false);
+        return false;
+      }
+      g.request = *got;
+      self->requests.push_back(*got);
+      if (self->cancelled || job->refused || job->failed) {
+        self->srv.loop.Cancel(*got);
+        return false;
+      }
+      if (++job->accepted < static_cast<int>(job->gens.size())) return true;
+      job->started = true;
+      // No read is pending while a response is generated: watch the socket so a client that
+      // hangs up stops its generation (and frees its KV blocks).
+      self->WatchForHangUp();
+      if (!api->stream) return true;
+      self->Send(
+          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+          "Cache-Control: no-cache\r\nServer: kvmesh\r\n"
+          "Connection: close\r\n\r\n");
+      for (std::string& chunk : job->held) self->Send(std::move(chunk));
+      job->held.clear();
+      return true;
+    };
+
+    job->queued.resize(static_cast<size_t>(choices));
     for (int i = 0; i < choices; ++i) {
-      serving::Request r;
-      r.prompt = prompt;
+      serving::Request& r = job->queued[i].first;
+      r.prompt = i + 1 < choices ? prompt : std::move(prompt);
       r.max_tokens = static_cast<int32_t>(max_tokens);
       r.sampling = api->sampling;
       r.sampling.seed += static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
@@ -492,44 +535,31 @@ struct Session : std::enable_shared_from_this<Session> {
               }
             });
       };
-      srv.loop.Submit(
-          std::move(r), std::move(cb),
-          [self, job, api, i, cancel_all, finish_all, &io](absl::StatusOr<serving::RequestId> got) {
-            asio::post(io, [self, job, api, i, cancel_all, finish_all, got] {
-              Gen& g = job->gens[i];
-              if (!got.ok()) {
-                ++job->ended;
-                if (job->refused || job->failed) return;
-                job->refused = true;
-                cancel_all();
-                const int code = absl::IsResourceExhausted(got.status()) ? 429
-                                 : absl::IsUnavailable(got.status())     ? 503
-                                                                         : 400;
-                return self->Reply(static_cast<http::status>(code),
-                                   ErrorJson(code, StatusText(got.status())), false);
-              }
-              g.request = *got;
-              self->requests.push_back(*got);
-              if (self->cancelled || job->refused || job->failed) {
-                self->srv.loop.Cancel(*got);
-                return;
-              }
-              if (++job->accepted < static_cast<int>(job->gens.size())) return;
-              job->started = true;
-              // No read is pending while a response is generated: watch the socket so a client
-              // that hangs up stops its generation (and frees its KV blocks).
-              self->WatchForHangUp();
-              if (!api->stream) return;
-              self->Send(
-                  "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                  "Cache-Control: no-cache\r\nServer: kvmesh\r\n"
-                  "Connection: close\r\n\r\n");
-              for (std::string& chunk : job->held) self->Send(std::move(chunk));
-              job->held.clear();
-              if (job->ended == static_cast<int>(job->gens.size())) finish_all();
-            });
-          });
+      job->queued[i].second = std::move(cb);
     }
+    // Choice 0 now; once it is accepted, the others beside it. (Until they are submitted their
+    // callbacks, which hold the job, wait in it: cleared on every path that does not submit them.)
+    auto [r0, cb0] = std::move(job->queued[0]);
+    srv.loop.Submit(std::move(r0), std::move(cb0),
+                    [self, job, accept, &io](absl::StatusOr<serving::RequestId> got) {
+                      asio::post(io, [self, job, accept, &io, got] {
+                        if (!accept(0, got)) {
+                          job->queued.clear();
+                          return;
+                        }
+                        for (size_t i = 1; i < job->queued.size(); ++i) {
+                          auto [r, cb] = std::move(job->queued[i]);
+                          r.replica_of = *got;
+                          self->srv.loop.Submit(
+                              std::move(r), std::move(cb),
+                              [accept, i, &io](absl::StatusOr<serving::RequestId> got_i) {
+                                asio::post(
+                                    io, [accept, i, got_i] { accept(static_cast<int>(i), got_i); });
+                              });
+                        }
+                        job->queued.clear();
+                      });
+                    });
   }
 };
 

@@ -25,6 +25,8 @@ struct HttpOptions {
   size_t max_body_bytes = 2 << 20;
   size_t max_header_bytes = 16 << 10;
   std::string model_name = "smollm2-135m-instruct";
+  // n's ceiling (choices of one prompt), at most what the waiting queue takes at once.
+  int32_t max_choices = 16;
 };
 
 class HttpServer {

@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -55,6 +56,9 @@ struct Request {
   // most kMaxLogprobs), from the model's distribution before sampling adjustments.
   int32_t logprobs = 0;
   bool return_logits = false;  // Completion::first_logits (tests, debugging)
+  // With several replicas (ServingEngine): run on the replica of this earlier request, whose
+  // prompt's KV this one will reuse (the n choices of one prompt). The scheduler ignores it.
+  std::optional<RequestId> replica_of;
 };
 
 constexpr int32_t kMaxLogprobs = 20;

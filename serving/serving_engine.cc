@@ -21,6 +21,7 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
   so.max_waiting = opts.max_waiting;
   so.max_sessions = opts.max_sessions;
   max_sessions_ = std::max(1, opts.max_sessions);
+  max_waiting_ = opts.max_waiting;
   so.prefix_caching = opts.prefix_caching;
   so.cache_salt = engine.cache_salt();
   so.preempt_probability = opts.preempt_probability;
@@ -48,6 +49,10 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
 
 int ServingEngine::Route(const Request& req) const {
   if (schedulers_.size() == 1) return 0;
+  if (req.replica_of) {
+    const int r = static_cast<int>(*req.replica_of & ((1u << kReplicaBits) - 1));
+    if (r < replicas()) return r;
+  }
   if (!req.session_id.empty()) {
     if (auto it = session_replica_.find(req.session_id); it != session_replica_.end()) {
       return it->second;

@@ -50,6 +50,7 @@ class ServingEngine {
 
   worker::Engine& engine() { return engine_; }
   int replicas() const { return static_cast<int>(schedulers_.size()); }
+  int32_t max_waiting() const { return max_waiting_; }  // per replica
   // Replica r's scheduler (tests, per-replica introspection).
   Scheduler& scheduler(int r = 0) { return *schedulers_[r]; }
 
@@ -99,6 +100,7 @@ class ServingEngine {
   std::vector<std::unique_ptr<Scheduler>> schedulers_;
   absl::flat_hash_map<std::string, int> session_replica_;  // with several replicas only
   int32_t max_sessions_ = 1;
+  int32_t max_waiting_ = 1;
   util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
   bool pipelined_ = false;             // pp > 1 with one replica: steps overlap across stages
 

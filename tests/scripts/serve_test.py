@@ -1,10 +1,9 @@
 """End-to-end checks of `kvmesh serve` over a real loopback socket (run by serve_test.sh).
 
-usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload | reuse on|off |
-                                      concurrent)
+usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload | choices |
+                                      reuse on|off | concurrent)
 """
 import json
-import os
 import re
 import sys
 import threading
@@ -36,6 +35,23 @@ def metric(name):
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     sys.exit(f"FAIL: metric {name} missing")
+
+
+def wait_for(name, value):
+    """Waits (up to 60 s) for a metric to read `value`."""
+    import time
+    deadline = time.time() + 60
+    while metric(name) != value:
+        check(time.time() < deadline, f"{name} never reached {value}")
+        time.sleep(0.01)
+
+
+def count_to(results, max_tokens):
+    """A greedy "Count:" completion of max_tokens tokens; appends (code, body, max_tokens)."""
+    code, body, _ = call("POST", "/v1/completions",
+                         {"prompt": "Count:", "max_tokens": max_tokens, "ignore_eos": True,
+                          "temperature": 0})
+    results.append((code, body, max_tokens))
 
 
 HDR = {}
@@ -226,17 +242,16 @@ if mode == "main":
     check(chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"],
           f"n=2 stream usage {chunks[-1]}")
     # The choices share the prompt's KV blocks: n=4 over a fresh prompt of many full blocks
-    # finds them cached for the choices after the first on each replica (SERVE_TEST_DP: the
-    # server's data-parallel replicas, each with its own cache).
-    dp = int(os.environ.get("SERVE_TEST_DP", "1"))
+    # finds them cached for the choices after the first (under --dp 2 too: the choices run on
+    # the first one's replica, whose cache holds the prompt).
     fresh = " ".join(f"Box {i} holds {i * 7 % 13} marbles." for i in range(60))
     hits0 = metric("kvmesh:prefix_cache_hits_total")
     code, body, _ = call("POST", "/v1/completions",
                          {"prompt": fresh, "temperature": 0, "max_tokens": 2, "n": 4})
     n_prompt = json.loads(body)["usage"]["prompt_tokens"]
     shared = metric("kvmesh:prefix_cache_hits_total") - hits0
-    check(code == 200 and shared >= (4 - dp) * (n_prompt // 16 - 1) * 16,
-          f"n=4 over a {n_prompt}-token prompt, {dp} replicas: {shared} tokens from the cache")
+    check(code == 200 and shared >= 3 * (n_prompt // 16 - 1) * 16,
+          f"n=4 over a {n_prompt}-token prompt: {shared} tokens from the cache")
     print(f"serve main: n choices (greedy copies, seeded = one at a time, streamed by index, "
           f"{shared:.0f} prompt tokens shared by 4 choices)")
     # Three keep-alive requests on one connection, the second pipelined behind the first and the
@@ -381,43 +396,45 @@ elif mode == "limits":
     print(f"serve limits: oversized body -> 413; no max_tokens -> {u['completion_tokens']} tokens "
           f"(the pool's room)")
 
+elif mode == "choices":
+    # max_num_seqs 1, max_waiting 2: n is at most 2 (the choices queue together). With one
+    # request running and one waiting, an n=2 request's first choice takes the last place in the
+    # queue and its second is refused: 429 alone, the first choice cancelled, the others served.
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 3})
+    check(code == 400 and json.loads(body)["error"]["param"] == "n", f"n=3 over 2: {code} {body}")
+    results = []
+    threads = [threading.Thread(target=count_to, args=(results, 300))]
+    threads[0].start()
+    wait_for("kvmesh:num_requests_running", 1)
+    threads.append(threading.Thread(target=count_to, args=(results, 8)))
+    threads[1].start()
+    wait_for("kvmesh:num_requests_waiting", 1)
+    code, body, _ = call("POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 8, "n": 2})
+    check(code == 429, f"n=2 with one place left: {code} {body}")
+    wait_for("kvmesh:request_cancelled_total", 1)
+    wait_for("kvmesh:request_rejected_total", 1)
+    wait_for("kvmesh:num_requests_waiting", 1)
+    for t in threads:
+        t.join()
+    check(sorted((c, m) for c, _, m in results) == [(200, 8), (200, 300)],
+          f"the others: {results}")
+    print("serve choices: n above the queue -> 400; a refused choice -> 429, its sibling "
+          "cancelled, the others served")
+
 elif mode == "overload":
     # One running sequence (max_num_seqs 1) and one waiting (max_waiting 1): with a long request
     # running and a second queued behind it, every further request is refused with 429 at once,
     # and the two admitted ones complete. Each stage waits for the server's gauges: 8 requests
     # sent at once raced the scheduler (under load all 8 could arrive while the first was still
     # queued, and then it alone was admitted).
-    import time
-
-    def wait_for(name, value):
-        deadline = time.time() + 60
-        while metric(name) != value:
-            check(time.time() < deadline, f"{name} never reached {value}")
-            time.sleep(0.01)
-
-    # n = 3 choices where at most two fit (one running, one waiting): 429, and the choices that
-    # were accepted are cancelled, leaving nothing behind.
-    code, body, _ = call("POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 512,
-                                                     "ignore_eos": True, "n": 3})
-    check(code == 429 and json.loads(body)["error"]["type"] == "rate_limit_error",
-          f"n=3 over capacity: {code} {body}")
-    wait_for("kvmesh:num_requests_running", 0)
-    wait_for("kvmesh:num_requests_waiting", 0)
     results = []
-
-    def one(max_tokens):
-        code, body, _ = call("POST", "/v1/completions",
-                             {"prompt": "Count:", "max_tokens": max_tokens, "ignore_eos": True,
-                              "temperature": 0})
-        results.append((code, body, max_tokens))
-
-    threads = [threading.Thread(target=one, args=(512,))]  # long enough to outlast the rest
+    threads = [threading.Thread(target=count_to, args=(results, 512))]  # outlasts the rest
     threads[0].start()
     wait_for("kvmesh:num_requests_running", 1)
-    threads.append(threading.Thread(target=one, args=(16,)))
+    threads.append(threading.Thread(target=count_to, args=(results, 16)))
     threads[1].start()
     wait_for("kvmesh:num_requests_waiting", 1)
-    threads += [threading.Thread(target=one, args=(16,)) for _ in range(6)]
+    threads += [threading.Thread(target=count_to, args=(results, 16)) for _ in range(6)]
     for t in threads[2:]:
         t.start()
     for t in threads:

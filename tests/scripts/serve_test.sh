@@ -300,6 +300,10 @@ start "$bin" serve --config "$work/config.yaml"
 python3 "$here/serve_test.py" "$url" overload || fail "overload"
 python3 "$here/serve_test.py" "$url" reuse off || fail "enable_prefix_caching: false"
 stop
+# n choices against a small queue: capped by it, and a refused choice ends its siblings.
+start "$bin" serve --threads 1 --max-seqs 1 --max-waiting 2
+python3 "$here/serve_test.py" "$url" choices || fail "choices"
+stop
 # --prefix-reuse turns reuse back on over the file's enable_prefix_caching: false.
 start "$bin" serve --config "$work/config.yaml" --prefix-reuse
 python3 "$here/serve_test.py" "$url" reuse on || fail "--prefix-reuse over the config"
@@ -327,7 +331,7 @@ import json, sys
 s = json.load(sys.stdin)
 assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'replica-leader+worker'], s" ||
     fail "dp=2 cluster status"
-  SERVE_TEST_DP=2 python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
+  python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
   r0="$(rank0_of "kvmesh serve --dp 2")" || exit 1
   stop "$r0"
   echo "serve dp=2: two replicas behind one API, clean SIGTERM"
