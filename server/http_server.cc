@@ -391,8 +391,7 @@ struct Session : std::enable_shared_from_this<Session> {
 
     // A choice's submission result: false when the request is over for it (refused, failed,
     // the client gone), true when it runs on.
-    auto accept = [self, job, api, cancel_all, finish_all](int i,
-                                                           absl::StatusOr<serving::RequestId> got) {
+    auto accept = [self, job, api, cancel_all](int i, absl::StatusOr<serving::RequestId> got) {
       Gen& g = job->gens[i];
       if (!got.ok()) {
         ++job->ended;

@@ -49,7 +49,7 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
 
 int ServingEngine::Route(const Request& req) const {
   if (schedulers_.size() == 1) return 0;
-  if (req.replica_of) {
+  if (req.replica_of) {  // before sessions: the HTTP API sends no session with n > 1 choices
     const int r = static_cast<int>(*req.replica_of & ((1u << kReplicaBits) - 1));
     if (r < replicas()) return r;
   }
