@@ -254,6 +254,23 @@ if mode == "main":
           f"n=4 over a {n_prompt}-token prompt: {shared} tokens from the cache")
     print(f"serve main: n choices (greedy copies, seeded = one at a time, streamed by index, "
           f"{shared:.0f} prompt tokens shared by 4 choices)")
+    # Two requests for the same fresh document at once: the second finds the first's blocks
+    # (under --dp 2 too).
+    fresh2 = " ".join(f"Crate {i} holds {i * 5 % 11} lemons." for i in range(60))
+    hits0 = metric("kvmesh:prefix_cache_hits_total")
+    got = []
+    pair = [threading.Thread(target=lambda: got.append(call(
+        "POST", "/v1/completions", {"prompt": fresh2, "temperature": 0, "max_tokens": 2})))
+        for _ in range(2)]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join()
+    n_prompt = json.loads(got[0][1])["usage"]["prompt_tokens"]
+    shared = metric("kvmesh:prefix_cache_hits_total") - hits0
+    check([g[0] for g in got] == [200, 200] and shared >= (n_prompt // 16 - 1) * 16,
+          f"two requests at once over a {n_prompt}-token prompt: {shared} tokens from the cache")
+    print(f"serve main: two requests at once over one fresh prompt share {shared:.0f} tokens")
     # Three keep-alive requests on one connection, the second pipelined behind the first and the
     # third sent while the second runs: all three are answered (two hang-up watches, one left
     # over from the first request, once raced for the third's bytes and closed the connection).
