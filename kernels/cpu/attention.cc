@@ -243,8 +243,8 @@ bool LaneWorthy(const PagedAttentionArgs& a, const cpu::Primitives& p, int64_t h
 // into L2: a chunk's own data (48 heads: queries, K and V as fp32, scores, outputs, ~68 KB) is
 // more than L1 holds, so lines asked for into L1 were gone again before their use. Against
 // asking into L1, in-process A/B (thirty-ninth session, Zen 4): BM_PagedAttentionSharedDecode
-// 1024/16/2/100 0.92-0.97x, 4096/16/2/100 0.96-0.99x; the 16-sequence decode step 0.977x and
-// 0.985x at 1K, 0.962x at 4K.
+// 1024/16/2/100 0.922x and 0.950x, 4096/16/2/100 0.963x and 0.969x; the 16-sequence decode
+// step 0.977x and 0.985x at 1K, 0.962x at 4K.
 template <typename QOf, typename RecOf>
 void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const Task& task,
                    int64_t hn, int64_t j_begin, int64_t j_end, const uint16_t* kbase,

@@ -55,6 +55,18 @@ def count_to(results, max_tokens):
     results.append((code, body, max_tokens))
 
 
+def one_running_one_waiting(results, long_tokens, short_tokens):
+    """On a server of one running sequence: a count_to of long_tokens running and one of
+    short_tokens waiting behind it, each stage waited for on the gauges; their threads."""
+    threads = [threading.Thread(target=count_to, args=(results, long_tokens))]
+    threads[0].start()
+    wait_for("kvmesh:num_requests_running", 1)
+    threads.append(threading.Thread(target=count_to, args=(results, short_tokens)))
+    threads[1].start()
+    wait_for("kvmesh:num_requests_waiting", 1)
+    return threads
+
+
 HDR = {}
 chat = lambda msgs, **kw: {"messages": msgs, "temperature": 0, "max_tokens": 24, **kw}
 
@@ -427,12 +439,7 @@ elif mode == "choices":
     code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 3})
     check(code == 400 and json.loads(body)["error"]["param"] == "n", f"n=3 over 2: {code} {body}")
     results = []
-    threads = [threading.Thread(target=count_to, args=(results, 600))]  # outlasts the rest
-    threads[0].start()
-    wait_for("kvmesh:num_requests_running", 1)
-    threads.append(threading.Thread(target=count_to, args=(results, 8)))
-    threads[1].start()
-    wait_for("kvmesh:num_requests_waiting", 1)
+    threads = one_running_one_waiting(results, 600, 8)  # the 600 outlasts the rest
     code, body, _ = call("POST", "/v1/completions", {"prompt": "Count:", "max_tokens": 8, "n": 2})
     check(code == 429, f"n=2 with one place left: {code} {body}")
     wait_for("kvmesh:request_cancelled_total", 1)
@@ -452,12 +459,7 @@ elif mode == "overload":
     # sent at once raced the scheduler (under load all 8 could arrive while the first was still
     # queued, and then it alone was admitted).
     results = []
-    threads = [threading.Thread(target=count_to, args=(results, 512))]  # outlasts the rest
-    threads[0].start()
-    wait_for("kvmesh:num_requests_running", 1)
-    threads.append(threading.Thread(target=count_to, args=(results, 16)))
-    threads[1].start()
-    wait_for("kvmesh:num_requests_waiting", 1)
+    threads = one_running_one_waiting(results, 512, 16)  # the 512 outlasts the rest
     threads += [threading.Thread(target=count_to, args=(results, 16)) for _ in range(6)]
     for t in threads[2:]:
         t.start()
