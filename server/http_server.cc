@@ -356,12 +356,6 @@ struct Session : std::enable_shared_from_this<Session> {
         job->held.push_back(std::move(chunk));
       }
     };
-    // Ends the other choices (one was refused or failed); their completions then change nothing.
-    auto cancel_all = [self, job] {
-      for (Gen& g : job->gens) {
-        if (g.request) self->srv.loop.Cancel(*g.request);
-      }
-    };
     // Every choice has ended: the response, or the stream's last chunks.
     auto finish_all = [self, job, api, id, created, keep] {
       ApiUsage usage;
@@ -391,13 +385,13 @@ struct Session : std::enable_shared_from_this<Session> {
 
     // A choice's submission result: false when the request is over for it (refused, failed,
     // the client gone), true when it runs on.
-    auto accept = [self, job, api, cancel_all](int i, absl::StatusOr<serving::RequestId> got) {
+    auto accept = [self, job, api](int i, absl::StatusOr<serving::RequestId> got) {
       Gen& g = job->gens[i];
       if (!got.ok()) {
         ++job->ended;
         if (job->refused || job->failed) return false;
         job->refused = true;
-        cancel_all();
+        // The refusal closes the connection, and Close cancels the choices already running.
         const int code = absl::IsResourceExhausted(got.status()) ? 429
                          : absl::IsUnavailable(got.status())     ? 503
                                                                  : 400;
@@ -490,49 +484,47 @@ struct Session : std::enable_shared_from_this<Session> {
           g.sent = std::max(g.sent, ready);
         });
       };
-      cb.on_done = [self, job, api, id, created, i, send, cancel_all, finish_all,
+      cb.on_done = [self, job, api, id, created, i, send, finish_all,
                     &io](const serving::Completion& c) {
-        asio::post(
-            io, [self, job, api, id, created, i, send, cancel_all, finish_all, c = c]() mutable {
-              Gen& g = job->gens[i];
-              if (g.request) std::erase(self->requests, *g.request);
-              g.request.reset();
-              ++job->ended;
-              if (job->refused || job->failed || self->cancelled) return;
-              if (g.stopped) {
-                // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
-                // first; the tokens generated after the stop's are not the answer's.
-                if (absl::IsCancelled(c.status))
-                  c.status = absl::OkStatus();  // e.g. the drain's end
-                c.stop_reason = "eos";
-                c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(g.tokens)));
-              } else {
-                g.text += g.pending;
-              }
-              if (!c.status.ok()) {
-                job->failed = true;
-                cancel_all();
-                // A stream that has started reports the failure in it; before that (a choice
-                // still waiting for its submission) the response is the error alone.
-                if (!api->stream || !job->started) {
-                  return self->Reply(http::status::internal_server_error,
-                                     ErrorJson(500, StatusText(c.status)), false);
-                }
-                self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
-                self->Send("data: [DONE]\n\n");
-                self->close_after_writes = true;
-                if (!self->writing) self->Close();
-                return;
-              }
-              const std::string held = g.text.substr(std::min(g.sent, g.text.size()));
-              const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
-              if (api->stream) send(g.Chunk(*api, id, created, held, finish, i));
-              g.done = std::move(c);
-              if (job->ended == static_cast<int>(job->gens.size())) {
-                // A stream's last chunk waits for the start (every choice accepted).
-                if (!api->stream || job->started) finish_all();
-              }
-            });
+        asio::post(io, [self, job, api, id, created, i, send, finish_all, c = c]() mutable {
+          Gen& g = job->gens[i];
+          if (g.request) std::erase(self->requests, *g.request);
+          g.request.reset();
+          ++job->ended;
+          if (job->refused || job->failed || self->cancelled) return;
+          if (g.stopped) {
+            // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
+            // first; the tokens generated after the stop's are not the answer's.
+            if (absl::IsCancelled(c.status)) c.status = absl::OkStatus();  // e.g. the drain's end
+            c.stop_reason = "eos";
+            c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(g.tokens)));
+          } else {
+            g.text += g.pending;
+          }
+          if (!c.status.ok()) {
+            job->failed = true;
+            // A stream that has started reports the failure in it; before that (a choice
+            // still waiting for its submission) the response is the error alone. Either
+            // closes the connection, and Close cancels the other choices.
+            if (!api->stream || !job->started) {
+              return self->Reply(http::status::internal_server_error,
+                                 ErrorJson(500, StatusText(c.status)), false);
+            }
+            self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
+            self->Send("data: [DONE]\n\n");
+            self->close_after_writes = true;
+            if (!self->writing) self->Close();
+            return;
+          }
+          const std::string held = g.text.substr(std::min(g.sent, g.text.size()));
+          const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
+          if (api->stream) send(g.Chunk(*api, id, created, held, finish, i));
+          g.done = std::move(c);
+          if (job->ended == static_cast<int>(job->gens.size())) {
+            // A stream's last chunk waits for the start (every choice accepted).
+            if (!api->stream || job->started) finish_all();
+          }
+        });
       };
       job->queued[i].second = std::move(cb);
     }
