@@ -22,6 +22,7 @@ struct Scheduler::Sequence {
   std::vector<BlockId> blocks;
   std::vector<kvstore::BlockHash> names;    // names of blocks [0, names.size()), a hash chain
   std::vector<kvstore::BlockHash> pending;  // names of the prompt blocks still to compute
+  std::vector<kvstore::BlockHash> queued;   // its prompt's names in queued_, until it starts
   bool admitted_once = false;
   bool busy = false;  // in a step begun and not yet finished
   Completion done;
@@ -131,6 +132,15 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   seq->submitted = Clock::now();
   seq->done.id = id;
   seq->done.prompt_tokens = n;
+  if (opts_.prefix_caching && seq->req.prefix_cache) {
+    const int64_t bs = opts_.block_size;
+    kvstore::BlockHash parent = salt_;
+    for (int64_t i = 0; (i + 1) * bs <= static_cast<int64_t>(seq->tokens.size()); ++i) {
+      parent = kvstore::ChainHash(parent, std::span(seq->tokens).subspan(i * bs, bs));
+      seq->queued.push_back(parent);
+      ++queued_[parent];
+    }
+  }
   waiting_.push_back(seq.get());
   seqs_.emplace(id, std::move(seq));
   ++stats_.submitted;
@@ -219,6 +229,7 @@ void Scheduler::Admit(Sequence& s) {
 }
 
 void Scheduler::Start(Sequence& s) {
+  Unqueue(s);
   if (!s.admitted_once) {
     // Counted once per request, over its prompt: a preempted sequence's re-admission (its prompt
     // and the tokens it had generated) would count its own recomputation as queries and hits.
@@ -256,6 +267,14 @@ bool Scheduler::WaitsForInFlightBlock(const Sequence& s) const {
   const kvstore::BlockHash next = kvstore::ChainHash(s.names.empty() ? salt_ : s.names.back(),
                                                      std::span(s.tokens).subspan(i * bs, bs));
   return in_flight_.contains(next);
+}
+
+void Scheduler::Unqueue(Sequence& s) {
+  for (const kvstore::BlockHash& h : s.queued) {
+    auto it = queued_.find(h);
+    if (--it->second == 0) queued_.erase(it);
+  }
+  s.queued.clear();
 }
 
 void Scheduler::DropInFlight(Sequence& s, size_t keep_from) {
@@ -425,6 +444,7 @@ void Scheduler::RecordSession(Sequence& s) {
 
 void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reason) {
   if (status.ok()) RecordSession(s);
+  Unqueue(s);
   ReleaseBlocks(s);
   if (auto it = std::find(running_.begin(), running_.end(), &s); it != running_.end()) {
     running_.erase(it);
@@ -592,14 +612,14 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_l
   return absl::OkStatus();
 }
 
-int64_t Scheduler::CachedPrefixTokens(const std::vector<int32_t>& prompt) const {
+int64_t Scheduler::KnownPrefixTokens(const std::vector<int32_t>& prompt) const {
   if (!opts_.prefix_caching) return 0;
   const int64_t bs = opts_.block_size;
   kvstore::BlockHash parent = salt_;
   int64_t n = 0;
   while ((n + 1) * bs <= static_cast<int64_t>(prompt.size()) - 1) {
     parent = kvstore::ChainHash(parent, std::span(prompt).subspan(n * bs, bs));
-    if (!blocks_.Find(parent)) break;
+    if (!blocks_.Find(parent) && !in_flight_.contains(parent) && !queued_.contains(parent)) break;
     ++n;
   }
   return n * bs;

@@ -163,8 +163,11 @@ class Scheduler {
   SchedulerStats stats() const;
   // Whether this scheduler keeps session `id` (a finished turn recorded it, not dropped since).
   bool HasSession(const std::string& id) const { return sessions_.contains(id); }
-  // Prompt tokens of `prompt` whose blocks this scheduler has cached (for routing).
-  int64_t CachedPrefixTokens(const std::vector<int32_t>& prompt) const;
+  // Prompt tokens of `prompt`, in full blocks, that this scheduler knows (for routing,
+  // serving/router.h): blocks it has cached, that a running sequence is computing, or that a
+  // waiting request's prompt holds (those run here before the new request could, so it would
+  // share them).
+  int64_t KnownPrefixTokens(const std::vector<int32_t>& prompt) const;
   const Histogram& ttft_seconds() const { return ttft_; }
   const Histogram& itl_seconds() const { return itl_; }
   const kvstore::BlockManager& blocks() const { return blocks_; }
@@ -188,6 +191,7 @@ class Scheduler {
   void Start(Sequence& s);  // moves an admitted sequence into the running batch
   bool WaitsForInFlightBlock(const Sequence& s) const;
   void DropInFlight(Sequence& s, size_t keep_from);
+  void Unqueue(Sequence& s);  // its prompt's names leave queued_ (it started or ended)
   bool EnsureBlocks(Sequence& s, int64_t end, worker::StepPlan& plan);
   std::optional<kvstore::BlockId> AllocateOrPreempt(Sequence& s, bool& self_preempted);
   void Preempt(Sequence& s);
@@ -210,6 +214,9 @@ class Scheduler {
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
   // Names of blocks running sequences will compute, with how many sequences compute each.
   absl::flat_hash_map<kvstore::BlockHash, int32_t> in_flight_;
+  // Names of the full blocks of waiting requests' prompts (until each first starts), with how
+  // many prompts hold each: KnownPrefixTokens.
+  absl::flat_hash_map<kvstore::BlockHash, int32_t> queued_;
   SchedulerStats stats_;
   Histogram ttft_, itl_;
   std::mt19937_64 preempt_rng_;

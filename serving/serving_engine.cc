@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "kvstore/block_hash.h"
+#include "serving/router.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::serving {
@@ -22,6 +23,7 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
   so.max_sessions = opts.max_sessions;
   max_sessions_ = std::max(1, opts.max_sessions);
   max_waiting_ = opts.max_waiting;
+  max_seqs_ = opts.max_seqs;
   so.prefix_caching = opts.prefix_caching;
   so.cache_salt = engine.cache_salt();
   so.preempt_probability = opts.preempt_probability;
@@ -58,19 +60,14 @@ int ServingEngine::Route(const Request& req) const {
       return it->second;
     }
   }
-  int best = 0;
-  int64_t best_cached = -1, best_load = 0;
-  for (int r = 0; r < replicas(); ++r) {
-    const int64_t cached = schedulers_[r]->CachedPrefixTokens(req.prompt);
+  std::vector<ReplicaLoad> loads(schedulers_.size());
+  for (size_t r = 0; r < loads.size(); ++r) {
     const auto st = schedulers_[r]->stats();
-    const int64_t load = st.running + st.waiting;
-    if (cached > best_cached || (cached == best_cached && load < best_load)) {
-      best = r;
-      best_cached = cached;
-      best_load = load;
-    }
+    loads[r] = {schedulers_[r]->KnownPrefixTokens(req.prompt), st.running + st.waiting,
+                st.waiting >= max_waiting_};
   }
-  return best;
+  return ChooseReplica(loads, static_cast<int64_t>(req.prompt.size()),
+                       {.max_imbalance = std::max(1, max_seqs_)});
 }
 
 absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {

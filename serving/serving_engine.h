@@ -3,8 +3,8 @@
 // put on the network.
 //
 // Data parallelism: replica 0 runs on this process's engine (and its TP/PP group); replicas
-// r > 0 are remote (worker::RemoteReplica). A request goes to the replica holding the longest
-// cached prefix of its prompt (ties: the least loaded); a session stays on its replica. Each
+// r > 0 are remote (worker::RemoteReplica). A request goes to the replica that knows most of its
+// prompt, or to the least loaded one (serving/router.h); a session stays on its replica. Each
 // step sends the remote replicas' plans first, runs replica 0's, then collects the remote logits,
 // so replicas compute at the same time.
 //
@@ -101,6 +101,7 @@ class ServingEngine {
   absl::flat_hash_map<std::string, int> session_replica_;  // with several replicas only
   int32_t max_sessions_ = 1;
   int32_t max_waiting_ = 1;
+  int32_t max_seqs_ = 1;
   util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
   bool pipelined_ = false;             // pp > 1 with one replica: steps overlap across stages
 

@@ -146,6 +146,29 @@ PY
     fail "dp=$dp tp=$tp pp=$pp did not use both replicas: $per"
   echo "batch dp=$dp tp=$tp pp=$pp: same tokens as the single process; $per"
 done
+# Three questions over one document submitted together under dp = 2: routed to one replica
+# (the document is queued there in the first one's prompt before any of it is cached), so the
+# other two read it from the cache (serving/router.h); tokens as the single process's.
+python3 - "$work/doc.json" <<'PY'
+import json, sys
+doc = " ".join(f"Item {i} is kept on shelf {i % 4}." for i in range(1, 30))
+json.dump([doc + f" Where is item {i}?" for i in (9, 21, 4)], open(sys.argv[1], "w"))
+PY
+doc_batch=(--model "$model" --threads 1 --temperature 0 --max-tokens 8 --chat --prompts "$work/doc.json" --json)
+"$bin" run "${doc_batch[@]}" >"$work/doc.ref" 2>/dev/null || fail "document batch, single process"
+"${mpi[@]}" -np 2 "$bin" run --dp 2 "${doc_batch[@]}" >"$work/doc.dp2" 2>"$work/err" ||
+  fail "document batch dp=2: $(tail -n 3 "$work/err")"
+per="$(grep -o 'requests per data-parallel replica:.*' "$work/err")"
+python3 - "$work/doc.ref" "$work/doc.dp2" "$per" <<'PY' || fail "document batch dp=2: $per"
+import json, sys
+ref, got = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "tokens differ from the single process"
+per = sorted(int(x) for x in sys.argv[3].split(":")[1].split())
+assert per == [0, 3], f"the three went to different replicas: {per}"
+cached = [r["cached_tokens"] for r in got]
+assert cached[0] == 0 and min(cached[1:]) >= 300, f"cached tokens {cached}"
+PY
+echo "document batch dp=2: three questions on one replica, cached tokens $(python3 -c "import json,sys; print([json.loads(l)['cached_tokens'] for l in open(sys.argv[1])])" "$work/doc.dp2")"
 "${mpi[@]}" -np 2 "$bin" run --dp 2 --model "$model" --threads 1 --temperature 0 --max-tokens 16 --json \
   --session "$work/session.json" >"$work/session.dp2" 2>"$work/err" || fail "session dp=2: $(tail -n 3 "$work/err")"
 python3 - "$work/session.ref" "$work/session.dp2" <<'PY' || fail "session dp=2 differs"

@@ -225,6 +225,37 @@ TEST(Scheduler, ConcurrentRequestsOverOneContextComputeItOnce) {
   h.ExpectNoLeaks();
 }
 
+// What routing sees of a prompt (serving/router.h): the blocks a waiting request's prompt holds,
+// those a running sequence computes and those cached, and no more once a request ends.
+TEST(Scheduler, KnownPrefixCountsQueuedComputingAndCachedBlocks) {
+  Harness h({.n_blocks = 64, .block_size = 16, .max_seqs = 1, .max_batched_tokens = 16});
+  const auto doc = Tokens(64, 7);
+  auto after_doc = [&](std::vector<int32_t> tail) {
+    auto p = doc;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const auto question = after_doc({1, 2, 3}), other_question = after_doc({4, 5});
+  auto diverging = doc;
+  diverging[40] = diverging[40] % (kVocab - 1) + 1;  // a change in its third block
+  const auto lone = Tokens(40, 8);
+  EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 0);
+  const RequestId a = h.Submit(question, 4);
+  const RequestId b = h.Submit(lone, 4);                     // waits: one sequence at a time
+  EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 64);  // queued in a's prompt
+  EXPECT_EQ(h.sched.KnownPrefixTokens(diverging), 32);
+  EXPECT_EQ(h.sched.KnownPrefixTokens(lone), 32);  // b's two full blocks (its last token apart)
+  ASSERT_TRUE(h.sched.Step().ok());                // a computes its first block
+  EXPECT_EQ(h.sched.stats().running, 1);
+  EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 64);  // one cached, three computing
+  EXPECT_TRUE(h.sched.Cancel(b));
+  EXPECT_EQ(h.sched.KnownPrefixTokens(lone), 0);  // cancelled while waiting: forgotten
+  EXPECT_TRUE(h.sched.Cancel(a));
+  EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 16);  // what a computed stays cached
+  h.Drain();
+  h.ExpectNoLeaks();
+}
+
 TEST(Scheduler, SessionsReuseTheirPartialBlockThroughACopy) {
   Harness h({.n_blocks = 64, .block_size = 8});
   auto conv = Tokens(21, 3);

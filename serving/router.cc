@@ -1,0 +1,32 @@
+#include "serving/router.h"
+
+namespace kvmesh::serving {
+
+int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
+                  const RoutePolicy& policy) {
+  const int n = static_cast<int>(replicas.size());
+  bool any_room = false;
+  for (const ReplicaLoad& r : replicas) any_room |= !r.queue_full;
+  auto eligible = [&](int i) { return !any_room || !replicas[i].queue_full; };
+  int least = -1, best = -1;
+  for (int i = 0; i < n; ++i) {
+    if (!eligible(i)) continue;
+    const ReplicaLoad& r = replicas[i];
+    if (least < 0 || r.load < replicas[least].load ||
+        (r.load == replicas[least].load && r.known_tokens > replicas[least].known_tokens)) {
+      least = i;
+    }
+    if (best < 0 || r.known_tokens > replicas[best].known_tokens ||
+        (r.known_tokens == replicas[best].known_tokens && r.load < replicas[best].load)) {
+      best = i;
+    }
+  }
+  const ReplicaLoad& b = replicas[best];
+  const bool covers =
+      b.known_tokens > 0 &&
+      static_cast<double>(b.known_tokens) >= policy.min_share * static_cast<double>(prompt_tokens);
+  if (covers && b.load - replicas[least].load < policy.max_imbalance) return best;
+  return least;
+}
+
+}  // namespace kvmesh::serving

@@ -1,0 +1,37 @@
+// Data-parallel routing: which replica a new request goes to (ServingEngine::Route), decided
+// from what each replica's scheduler reports, so the policy is testable without replicas.
+//
+// Cache-aware with a load guard, as SGLang's router is: a request goes to the replica that knows
+// the longest prefix of its prompt (cached there, being computed there, or queued there in a
+// waiting request's prompt) when that prefix is at least half the prompt and that replica is not
+// a full batch busier than the least loaded one; otherwise to the least loaded replica (ties:
+// the one knowing more of the prompt, then the lowest index). So:
+// - requests over one document (or one session's history) share its blocks on one replica,
+//   also when they arrive together, before any of them is cached;
+// - requests that share only a short head (a chat template's system prompt) spread by load
+//   instead of all following the first replica that cached that head;
+// - a hot document spills over to another replica once its replica has a batch more work.
+// A replica whose waiting queue is full is not chosen while another has room.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace kvmesh::serving {
+
+struct ReplicaLoad {
+  int64_t known_tokens = 0;  // of the prompt: Scheduler::KnownPrefixTokens
+  int64_t load = 0;          // running + waiting requests
+  bool queue_full = false;   // its Submit would refuse (max_waiting reached)
+};
+
+struct RoutePolicy {
+  double min_share = 0.5;      // of the prompt a known prefix must cover to decide
+  int64_t max_imbalance = 16;  // load above the least loaded a prefix may add to (max_seqs)
+};
+
+// The replica for a prompt of prompt_tokens tokens; replicas must not be empty.
+int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
+                  const RoutePolicy& policy);
+
+}  // namespace kvmesh::serving
