@@ -4,6 +4,7 @@ usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload 
                                       reuse on|off | concurrent)
 """
 import json
+import os
 import re
 import sys
 import threading
@@ -286,6 +287,30 @@ if mode == "main":
     check(shared >= (n_prompt // 16 - 1) * 16,
           f"two requests at once over a {n_prompt}-token prompt: {shared} tokens from the cache")
     print(f"serve main: two requests at once over one fresh prompt share {shared:.0f} tokens")
+    # Under --dp (SERVE_TEST_DP): a chat request that shares only its first block (the template
+    # and the start of a fresh system prompt) with a request running on one replica goes to the
+    # idle one, by load (serving/router.h); routed by cached prefix alone it followed the running
+    # one and read that block from its cache.
+    if os.environ.get("SERVE_TEST_DP", "1") != "1":
+        import time
+        # ~20 tokens with the template's: the first block is shared, the second holds the user's.
+        system = {"role": "system", "content": f"Be brief, run {time.time_ns() % 10**6:06d}."}
+        running = []
+        t = threading.Thread(target=lambda: running.append(call("POST", "/v1/chat/completions", chat(
+            [system, {"role": "user", "content": "Count to a thousand."}], max_tokens=300,
+            ignore_eos=True))))
+        t.start()
+        wait_for("kvmesh:num_requests_running", 1)
+        code, body, _ = call("POST", "/v1/chat/completions", chat(
+            [system, {"role": "user", "content": "Name a colour, a fruit, a bird and a tree, in four words, please."}],
+            max_tokens=2))
+        t.join()
+        check(code == 200 and running[0][0] == 200, f"beside a running request: {code} {body}")
+        usage = json.loads(body)["usage"]
+        check(usage["prompt_tokens_details"]["cached_tokens"] == 0,
+              f"beside a running request with the same first block: {usage} (same replica)")
+        print(f"serve main: a {usage['prompt_tokens']}-token chat prompt sharing one block with a "
+              f"running request went to the idle replica")
     # Three keep-alive requests on one connection, the second pipelined behind the first and the
     # third sent while the second runs: all three are answered (two hang-up watches, one left
     # over from the first request, once raced for the third's bytes and closed the connection).

@@ -331,7 +331,7 @@ import json, sys
 s = json.load(sys.stdin)
 assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'replica-leader+worker'], s" ||
     fail "dp=2 cluster status"
-  python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
+  SERVE_TEST_DP=2 python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
   r0="$(rank0_of "kvmesh serve --dp 2")" || exit 1
   stop "$r0"
   echo "serve dp=2: two replicas behind one API, clean SIGTERM"
