@@ -8,7 +8,7 @@ int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
   bool any_room = false;
   for (const ReplicaLoad& r : replicas) any_room |= !r.queue_full;
   auto eligible = [&](int i) { return !any_room || !replicas[i].queue_full; };
-  int least = -1, best = -1;
+  int least = -1;
   for (int i = 0; i < n; ++i) {
     if (!eligible(i)) continue;
     const ReplicaLoad& r = replicas[i];
@@ -16,17 +16,22 @@ int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
         (r.load == replicas[least].load && r.known_tokens > replicas[least].known_tokens)) {
       least = i;
     }
-    if (best < 0 || r.known_tokens > replicas[best].known_tokens ||
+  }
+  // The longest known prefix among the replicas less than a batch busier than the least loaded.
+  int best = least;
+  for (int i = 0; i < n; ++i) {
+    const ReplicaLoad& r = replicas[i];
+    if (!eligible(i) || r.load - replicas[least].load >= policy.max_imbalance) continue;
+    if (r.known_tokens > replicas[best].known_tokens ||
         (r.known_tokens == replicas[best].known_tokens && r.load < replicas[best].load)) {
       best = i;
     }
   }
-  const ReplicaLoad& b = replicas[best];
-  const bool covers =
-      b.known_tokens > 0 &&
-      static_cast<double>(b.known_tokens) >= policy.min_share * static_cast<double>(prompt_tokens);
-  if (covers && b.load - replicas[least].load < policy.max_imbalance) return best;
-  return least;
+  const int64_t known = replicas[best].known_tokens;
+  const bool decides =
+      known >= policy.min_tokens && known > 0 &&
+      static_cast<double>(known) >= policy.min_share * static_cast<double>(prompt_tokens);
+  return decides ? best : least;
 }
 
 }  // namespace kvmesh::serving

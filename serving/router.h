@@ -1,15 +1,18 @@
 // Data-parallel routing: which replica a new request goes to (ServingEngine::Route), decided
 // from what each replica's scheduler reports, so the policy is testable without replicas.
 //
-// Cache-aware with a load guard, as SGLang's router is: a request goes to the replica that knows
-// the longest prefix of its prompt (cached there, being computed there, or queued there in a
-// waiting request's prompt) when that prefix is at least half the prompt and that replica is not
-// a full batch busier than the least loaded one; otherwise to the least loaded replica (ties:
-// the one knowing more of the prompt, then the lowest index). So:
+// Cache-aware with a load guard, as SGLang's router is. Among the replicas less than a full batch
+// busier than the least loaded one, the one that knows the longest prefix of the prompt (cached
+// there, being computed there, or held there by a waiting request's prompt until that request
+// starts) gets it when that prefix is at least half the prompt and more than one block;
+// otherwise the least loaded replica does (ties: the one knowing more of the prompt, then the
+// lowest index). So:
 // - requests over one document (or one session's history) share its blocks on one replica,
 //   also when they arrive together, before any of them is cached;
-// - requests that share only a short head (a chat template's system prompt) spread by load
-//   instead of all following the first replica that cached that head;
+// - a single shared block (what a chat template's system prompt makes every chat prompt share)
+//   does not decide: requests that overlap in time spread by load instead of all following the
+//   replica that cached that block. (One after another, every replica's load is equal and the
+//   tie goes to the one that knows more: no cost, each request runs alone.)
 // - a hot document spills over to another replica once its replica has a batch more work.
 // A replica whose waiting queue is full is not chosen while another has room.
 #pragma once
@@ -27,6 +30,7 @@ struct ReplicaLoad {
 
 struct RoutePolicy {
   double min_share = 0.5;      // of the prompt a known prefix must cover to decide
+  int64_t min_tokens = 32;     // and its least length: more than one block (2 x block size)
   int64_t max_imbalance = 16;  // load above the least loaded a prefix may add to (max_seqs)
 };
 

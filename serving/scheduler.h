@@ -168,6 +168,8 @@ class Scheduler {
   // waiting request's prompt holds (those run here before the new request could, so it would
   // share them).
   int64_t KnownPrefixTokens(const std::vector<int32_t>& prompt) const;
+  // Block names held for that (waiting prompts', running sequences'); 0 when idle (tests).
+  size_t announced_blocks() const { return queued_.size() + in_flight_.size(); }
   const Histogram& ttft_seconds() const { return ttft_; }
   const Histogram& itl_seconds() const { return itl_; }
   const kvstore::BlockManager& blocks() const { return blocks_; }

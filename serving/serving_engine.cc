@@ -63,11 +63,13 @@ int ServingEngine::Route(const Request& req) const {
   std::vector<ReplicaLoad> loads(schedulers_.size());
   for (size_t r = 0; r < loads.size(); ++r) {
     const auto st = schedulers_[r]->stats();
-    loads[r] = {schedulers_[r]->KnownPrefixTokens(req.prompt), st.running + st.waiting,
-                st.waiting >= max_waiting_};
+    // A request that reuses no prefix goes by load alone.
+    loads[r] = {req.prefix_cache ? schedulers_[r]->KnownPrefixTokens(req.prompt) : 0,
+                st.running + st.waiting, st.waiting >= max_waiting_};
   }
-  return ChooseReplica(loads, static_cast<int64_t>(req.prompt.size()),
-                       {.max_imbalance = std::max(1, max_seqs_)});
+  return ChooseReplica(
+      loads, static_cast<int64_t>(req.prompt.size()),
+      {.min_tokens = 2 * int64_t{engine_.block_size()}, .max_imbalance = std::max(1, max_seqs_)});
 }
 
 absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {
@@ -96,8 +98,9 @@ absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {
   if (!session.empty() && schedulers_.size() > 1) {
     session_replica_[session] = r;
     // Bounded as the schedulers' sessions are: once it holds twice what they can keep, forget
-    // the sessions no scheduler keeps any more (a turn still running is routed by its cached
-    // prefix, which finds the same replica).
+    // the sessions no scheduler keeps any more (a later turn of one forgotten while its turn was
+    // running is routed as any request: its history is a long prefix its replica knows, so it
+    // goes back there unless that replica is a batch busier than another).
     if (session_replica_.size() > 2 * schedulers_.size() * static_cast<size_t>(max_sessions_)) {
       absl::erase_if(session_replica_, [&](const auto& e) {
         return e.first != session && !schedulers_[e.second]->HasSession(e.first);

@@ -297,7 +297,7 @@ if mode == "main":
         system = {"role": "system", "content": f"Be brief, run {time.time_ns() % 10**6:06d}."}
         running = []
         t = threading.Thread(target=lambda: running.append(call("POST", "/v1/chat/completions", chat(
-            [system, {"role": "user", "content": "Count to a thousand."}], max_tokens=300,
+            [system, {"role": "user", "content": "Count to a thousand."}], max_tokens=500,
             ignore_eos=True))))
         t.start()
         wait_for("kvmesh:num_requests_running", 1)

@@ -9,7 +9,8 @@ namespace kvmesh::serving {
 namespace {
 
 int Choose(const std::vector<ReplicaLoad>& r, int64_t prompt, int64_t max_imbalance = 16) {
-  return ChooseReplica(r, prompt, {.min_share = 0.5, .max_imbalance = max_imbalance});
+  return ChooseReplica(r, prompt,
+                       {.min_share = 0.5, .min_tokens = 32, .max_imbalance = max_imbalance});
 }
 
 TEST(Router, UnknownPromptsGoToTheLeastLoadedReplica) {
@@ -32,12 +33,19 @@ TEST(Router, AShortSharedHeadDoesNotPullEveryRequestToOneReplica) {
   // 0: by load, not by that block.
   EXPECT_EQ(Choose({{16, 2}, {0, 1}}, 34), 1);
   EXPECT_EQ(Choose({{16, 1}, {0, 1}}, 34), 0);  // equal loads: the one that has it
+  // Also where that one block is half a short prompt ("Hi": 31 tokens): more than one block
+  // must be known to decide.
+  EXPECT_EQ(Choose({{16, 1}, {0, 0}}, 31), 1);
+  EXPECT_EQ(Choose({{32, 1}, {0, 0}}, 60), 0);
 }
 
 TEST(Router, AReplicaABatchBusierThanTheLeastLoadedGetsNoMoreOfItsPrefix) {
   EXPECT_EQ(Choose({{592, 16}, {0, 1}}, 596), 0);  // 15 more: still its prefix's replica
   EXPECT_EQ(Choose({{592, 17}, {0, 1}}, 596), 1);  // 16 more: the least loaded
   EXPECT_EQ(Choose({{592, 3}, {0, 1}}, 596, 2), 1);
+  // Past the guard, the next replica that knows the prompt, not the least loaded.
+  EXPECT_EQ(Choose({{592, 20}, {400, 5}, {0, 2}}, 596), 1);
+  EXPECT_EQ(Choose({{592, 20}, {200, 5}, {0, 2}}, 596), 2);  // 200 is under half
 }
 
 TEST(Router, AFullQueueIsPassedOverWhileAnotherHasRoom) {

@@ -112,6 +112,7 @@ struct Harness {
   // After every test: nothing referenced once sessions are dropped.
   void ExpectNoLeaks() {
     sched.DropSessions();
+    if (sched.idle()) EXPECT_EQ(sched.announced_blocks(), 0u);
     EXPECT_EQ(sched.blocks().referenced(), 0);
     EXPECT_TRUE(sched.blocks().Consistent());
   }
@@ -245,8 +246,10 @@ TEST(Scheduler, KnownPrefixCountsQueuedComputingAndCachedBlocks) {
   EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 64);  // queued in a's prompt
   EXPECT_EQ(h.sched.KnownPrefixTokens(diverging), 32);
   EXPECT_EQ(h.sched.KnownPrefixTokens(lone), 32);  // b's two full blocks (its last token apart)
+  EXPECT_EQ(h.sched.announced_blocks(), 4u + 2u);  // a's and b's full blocks, queued
   ASSERT_TRUE(h.sched.Step().ok());                // a computes its first block
   EXPECT_EQ(h.sched.stats().running, 1);
+  EXPECT_EQ(h.sched.announced_blocks(), 3u + 2u);            // a's three to compute, b's two queued
   EXPECT_EQ(h.sched.KnownPrefixTokens(other_question), 64);  // one cached, three computing
   EXPECT_TRUE(h.sched.Cancel(b));
   EXPECT_EQ(h.sched.KnownPrefixTokens(lone), 0);  // cancelled while waiting: forgotten
