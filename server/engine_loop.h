@@ -21,6 +21,8 @@ namespace kvmesh::server {
 // A consistent copy of the engine's counters and histograms.
 struct EngineSnapshot {
   serving::SchedulerStats stats;
+  // Each data-parallel replica's own (empty with one replica); stats sums them.
+  std::vector<serving::SchedulerStats> replicas;
   serving::Histogram ttft{serving::LongLatencyBuckets()};
   serving::Histogram itl{serving::LatencyBuckets()};
   serving::Histogram e2e{serving::LongLatencyBuckets()};

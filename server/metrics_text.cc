@@ -1,6 +1,7 @@
 #include "server/metrics_text.h"
 
 #include <charconv>
+#include <vector>
 
 #include "util/str_cat.h"
 
@@ -37,6 +38,15 @@ class Writer {
   void Metric(const char* name, const char* type, const char* help, double value) {
     out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, "{",
                    labels_, "} ", Num(value), "\n");
+  }
+  // One series per data-parallel replica, labelled replica="r".
+  template <typename F>
+  void PerReplica(const char* name, const char* type, const char* help,
+                  const std::vector<serving::SchedulerStats>& replicas, F value) {
+    out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+    for (size_t r = 0; r < replicas.size(); ++r) {
+      out_ += StrCat(name, "{", labels_, ",replica=\"", r, "\"} ", Num(value(replicas[r])), "\n");
+    }
   }
   void Histogram(const char* name, const char* help, const serving::Histogram& h) {
     out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
@@ -89,6 +99,26 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
            "invalid); not the API's own 4xx answers.",
            st.rejected);
   w.Metric("kvmesh:request_cancelled_total", "counter", "Requests cancelled.", st.cancelled);
+  if (s.replicas.size() > 1) {  // data-parallel replicas: where the router sent the requests
+    using St = serving::SchedulerStats;
+    w.PerReplica("kvmesh:replica_requests_total", "counter",
+                 "Requests routed to this data-parallel replica (accepted by its scheduler).",
+                 s.replicas, [](const St& r) { return r.submitted; });
+    w.PerReplica("kvmesh:replica_num_requests_running", "gauge",
+                 "Requests in this replica's running batch.", s.replicas,
+                 [](const St& r) { return r.running; });
+    w.PerReplica("kvmesh:replica_num_requests_waiting", "gauge",
+                 "Requests waiting in this replica's queue.", s.replicas,
+                 [](const St& r) { return r.waiting; });
+    w.PerReplica("kvmesh:replica_prefix_cache_hits_total", "counter",
+                 "Prompt tokens found in this replica's prefix cache.", s.replicas,
+                 [](const St& r) { return r.prefix_hit_tokens; });
+    w.PerReplica(
+        "kvmesh:replica_kv_cache_usage_perc", "gauge",
+        "Fraction of this replica's KV blocks referenced (1 = full).", s.replicas, [](const St& r) {
+          return r.blocks_total > 0 ? static_cast<double>(r.blocks_used) / r.blocks_total : 0.0;
+        });
+  }
   w.Histogram("kvmesh:time_to_first_token_seconds", "Time from submission to the first token.",
               s.ttft);
   w.Histogram("kvmesh:inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);

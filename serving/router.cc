@@ -13,7 +13,7 @@ int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
     if (!eligible(i)) continue;
     const ReplicaLoad& r = replicas[i];
     if (least < 0 || r.load < replicas[least].load ||
-        (r.load == replicas[least].load && r.known_tokens > replicas[least].known_tokens)) {
+        (r.load == replicas[least].load && r.pool_blocks < replicas[least].pool_blocks)) {
       least = i;
     }
   }

@@ -5,14 +5,15 @@
 // busier than the least loaded one, the one that knows the longest prefix of the prompt (cached
 // there, being computed there, or held there by a waiting request's prompt until that request
 // starts) gets it when that prefix is at least half the prompt and more than one block;
-// otherwise the least loaded replica does (ties: the one knowing more of the prompt, then the
-// lowest index). So:
+// otherwise the least loaded replica does (ties: the one whose KV pool holds fewest blocks, in
+// use or cached, then the lowest index: as SGLang's router sends such requests to its smallest
+// tree, so that every replica's pool fills with documents of its own). So:
 // - requests over one document (or one session's history) share its blocks on one replica,
 //   also when they arrive together, before any of them is cached;
 // - a single shared block (what a chat template's system prompt makes every chat prompt share)
-//   does not decide: requests that overlap in time spread by load instead of all following the
-//   replica that cached that block. (One after another, every replica's load is equal and the
-//   tie goes to the one that knows more: no cost, each request runs alone.)
+//   does not decide: requests spread by load and pool use instead of all following the replica
+//   that cached that block, and every replica's pool holds documents (with all of them on one
+//   replica, its pool would evict while the others' stayed empty);
 // - a hot document spills over to another replica once its replica has a batch more work.
 // A replica whose waiting queue is full is not chosen while another has room.
 #pragma once
@@ -25,6 +26,7 @@ namespace kvmesh::serving {
 struct ReplicaLoad {
   int64_t known_tokens = 0;  // of the prompt: Scheduler::KnownPrefixTokens
   int64_t load = 0;          // running + waiting requests
+  int64_t pool_blocks = 0;   // KV blocks in use or cached there
   bool queue_full = false;   // its Submit would refuse (max_waiting reached)
 };
 

@@ -65,7 +65,8 @@ int ServingEngine::Route(const Request& req) const {
     const auto st = schedulers_[r]->stats();
     // A request that reuses no prefix goes by load alone.
     loads[r] = {req.prefix_cache ? schedulers_[r]->KnownPrefixTokens(req.prompt) : 0,
-                st.running + st.waiting, st.waiting >= max_waiting_};
+                st.running + st.waiting, st.blocks_used + st.blocks_cached,
+                st.waiting >= max_waiting_};
   }
   return ChooseReplica(
       loads, static_cast<int64_t>(req.prompt.size()),

@@ -38,6 +38,18 @@ def metric(name):
     sys.exit(f"FAIL: metric {name} missing")
 
 
+def per_replica(name):
+    """A per-replica metric (under --dp): its values by replica index."""
+    code, text, _ = call("GET", "/metrics", headers=HDR)
+    check(code == 200, f"/metrics {code}")
+    got = {}
+    for line in text.splitlines():
+        m = re.match(name + r'\{.*,replica="(\d+)"\} (\S+)$', line)
+        if m:
+            got[int(m.group(1))] = float(m.group(2))
+    return [got[r] for r in sorted(got)]
+
+
 def wait_for(name, value):
     """Waits (up to 60 s) for a metric to read `value`."""
     import time
@@ -291,8 +303,12 @@ if mode == "main":
     # and the start of a fresh system prompt) with a request running on one replica goes to the
     # idle one, by load (serving/router.h); routed by cached prefix alone it followed the running
     # one and read that block from its cache.
-    if os.environ.get("SERVE_TEST_DP", "1") != "1":
+    if os.environ.get("SERVE_TEST_DP", "1") == "1":
+        check(per_replica("kvmesh:replica_requests_total") == [], "per-replica series, one replica")
+    else:
         import time
+        routed0 = per_replica("kvmesh:replica_requests_total")
+        check(len(routed0) == 2, f"per-replica requests: {routed0}")
         # ~20 tokens with the template's: the first block is shared, the second holds the user's.
         system = {"role": "system", "content": f"Be brief, run {time.time_ns() % 10**6:06d}."}
         running = []
@@ -309,8 +325,11 @@ if mode == "main":
         usage = json.loads(body)["usage"]
         check(usage["prompt_tokens_details"]["cached_tokens"] == 0,
               f"beside a running request with the same first block: {usage} (same replica)")
+        routed = per_replica("kvmesh:replica_requests_total")
+        check([b - a for a, b in zip(routed0, routed)] == [1, 1],
+              f"the two requests per replica: {routed0} -> {routed}")
         print(f"serve main: a {usage['prompt_tokens']}-token chat prompt sharing one block with a "
-              f"running request went to the idle replica")
+              f"running request went to the idle replica (requests per replica {routed})")
     # Three keep-alive requests on one connection, the second pipelined behind the first and the
     # third sent while the second runs: all three are answered (two hang-up watches, one left
     # over from the first request, once raced for the third's bytes and closed the connection).

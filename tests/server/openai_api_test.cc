@@ -265,6 +265,33 @@ TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
             std::string::npos);
   EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_count{model_name=\"m\"} 2"),
             std::string::npos);
+  // One replica: no per-replica series.
+  EXPECT_EQ(t.find("replica="), std::string::npos);
+}
+
+TEST(Metrics, DataParallelReplicasGetASeriesEach) {
+  EngineSnapshot s;
+  s.replicas.resize(2);
+  s.replicas[0].submitted = 3;
+  s.replicas[1].submitted = 1;
+  s.replicas[1].running = 1;
+  s.replicas[1].blocks_total = 8;
+  s.replicas[1].blocks_used = 2;
+  s.replicas[0].prefix_hit_tokens = 672;
+  const std::string t = PrometheusText(s, "m");
+  EXPECT_NE(t.find("# TYPE kvmesh:replica_requests_total counter\n"
+                   "kvmesh:replica_requests_total{model_name=\"m\",replica=\"0\"} 3\n"
+                   "kvmesh:replica_requests_total{model_name=\"m\",replica=\"1\"} 1\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("kvmesh:replica_num_requests_running{model_name=\"m\",replica=\"1\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvmesh:replica_num_requests_waiting{model_name=\"m\",replica=\"0\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvmesh:replica_prefix_cache_hits_total{model_name=\"m\",replica=\"0\"} 672\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvmesh:replica_kv_cache_usage_perc{model_name=\"m\",replica=\"1\"} 0.25\n"),
+            std::string::npos);
 }
 
 }  // namespace
