@@ -6,7 +6,8 @@
 // preemption in a small KV pool. Checked throughout: block accounting is consistent, every step
 // makes progress (no preemption livelock or deadlock), a prompt always yields the same greedy
 // tokens (the kernels are batch invariant); at the end every request has completed exactly once
-// and no block is referenced. Prints a summary and exits non-zero on the first violation.
+// and no block is referenced or announced for routing. Prints a summary and exits non-zero on the
+// first violation.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -141,6 +142,10 @@ int Soak(const coordinator::Flags* f, serving::ServingEngine& se) {
   sched.DropSessions();
   const auto st = sched.stats();
   if (st.blocks_used != 0) return Violation(StrCat(st.blocks_used, " blocks leaked"));
+  for (int r = 0; r < se.replicas(); ++r) {  // routing's names of waiting and running prompts
+    if (const size_t n = se.scheduler(r).announced_blocks(); n != 0)
+      return Violation(StrCat(n, " block names still announced"));
+  }
   std::printf(
       "serving_soak: %.0f s, %lld requests (%lld cancelled, %lld rejected at submit), "
       "%lld outputs re-checked, %lld steps, %lld preemptions, %lld evictions, "
