@@ -8,8 +8,10 @@ int ChooseReplica(std::span<const ReplicaLoad> replicas, int64_t prompt_tokens,
   bool any_room = false;
   for (const ReplicaLoad& r : replicas) any_room |= !r.queue_full;
   auto eligible = [&](int i) { return !any_room || !replicas[i].queue_full; };
+  // Visiting from policy.turn, a strict comparison leaves full ties to the first one visited.
   int least = -1;
-  for (int i = 0; i < n; ++i) {
+  for (int k = 0; k < n; ++k) {
+    const int i = static_cast<int>((policy.turn + k) % n);
     if (!eligible(i)) continue;
     const ReplicaLoad& r = replicas[i];
     if (least < 0 || r.load < replicas[least].load ||

@@ -6,8 +6,8 @@
 // there, being computed there, or held there by a waiting request's prompt until that request
 // starts) gets it when that prefix is at least half the prompt and more than one block;
 // otherwise the least loaded replica does (ties: the one whose KV pool holds fewest blocks, in
-// use or cached, then the lowest index: as SGLang's router sends such requests to its smallest
-// tree, so that every replica's pool fills with documents of its own). So:
+// use or cached, as SGLang's router sends such requests to its smallest tree; then in turn, for
+// once every pool is full), so that every replica's pool holds documents of its own. So:
 // - requests over one document (or one session's history) share its blocks on one replica,
 //   also when they arrive together, before any of them is cached;
 // - a single shared block (what a chat template's system prompt makes every chat prompt share)
@@ -34,6 +34,7 @@ struct RoutePolicy {
   double min_share = 0.5;      // of the prompt a known prefix must cover to decide
   int64_t min_tokens = 32;     // and its least length: more than one block (2 x block size)
   int64_t max_imbalance = 16;  // load above the least loaded a prefix may add to (max_seqs)
+  uint64_t turn = 0;           // full ties go to the first replica from turn % n on
 };
 
 // The replica for a prompt of prompt_tokens tokens; replicas must not be empty.

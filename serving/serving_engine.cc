@@ -68,9 +68,10 @@ int ServingEngine::Route(const Request& req) const {
                 st.running + st.waiting, st.blocks_used + st.blocks_cached,
                 st.waiting >= max_waiting_};
   }
-  return ChooseReplica(
-      loads, static_cast<int64_t>(req.prompt.size()),
-      {.min_tokens = 2 * int64_t{engine_.block_size()}, .max_imbalance = std::max(1, max_seqs_)});
+  return ChooseReplica(loads, static_cast<int64_t>(req.prompt.size()),
+                       {.min_tokens = 2 * int64_t{engine_.block_size()},
+                        .max_imbalance = std::max(1, max_seqs_),
+                        .turn = routed_++});
 }
 
 absl::StatusOr<RequestId> ServingEngine::Submit(Request req, Callbacks cb) {

@@ -266,7 +266,7 @@ TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
   EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_count{model_name=\"m\"} 2"),
             std::string::npos);
   // One replica: no per-replica series.
-  EXPECT_EQ(t.find("replica="), std::string::npos);
+  EXPECT_EQ(t.find("kvmesh:replica_"), std::string::npos);
 }
 
 TEST(Metrics, DataParallelReplicasGetASeriesEach) {

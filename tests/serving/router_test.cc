@@ -13,16 +13,24 @@ ReplicaLoad R(int64_t known, int64_t load, int64_t pool = 0, bool full = false) 
   return {known, load, pool, full};
 }
 
-int Choose(const std::vector<ReplicaLoad>& r, int64_t prompt, int64_t max_imbalance = 16) {
-  return ChooseReplica(r, prompt,
-                       {.min_share = 0.5, .min_tokens = 32, .max_imbalance = max_imbalance});
+int Choose(const std::vector<ReplicaLoad>& r, int64_t prompt, int64_t max_imbalance = 16,
+           uint64_t turn = 0) {
+  return ChooseReplica(
+      r, prompt,
+      {.min_share = 0.5, .min_tokens = 32, .max_imbalance = max_imbalance, .turn = turn});
 }
 
 TEST(Router, UnknownPromptsGoToTheLeastLoadedReplica) {
   EXPECT_EQ(Choose({R(0, 3), R(0, 1), R(0, 2)}, 100), 1);
-  // Equal loads: the replica whose pool holds fewer blocks, then the lowest index.
+  // Equal loads: the replica whose pool holds fewer blocks, then in turn (full pools: warm
+  // replicas still take such requests in turn).
   EXPECT_EQ(Choose({R(0, 1, 40), R(0, 1, 12)}, 100), 1);
-  EXPECT_EQ(Choose({R(0, 1, 7), R(0, 1, 7)}, 100), 0);
+  EXPECT_EQ(Choose({R(0, 1, 12), R(0, 1, 40)}, 100, 16, 1), 0);
+  const std::vector<ReplicaLoad> full = {R(0, 1, 68), R(0, 1, 68), R(0, 1, 68)};
+  EXPECT_EQ(Choose(full, 100, 16, 0), 0);
+  EXPECT_EQ(Choose(full, 100, 16, 1), 1);
+  EXPECT_EQ(Choose(full, 100, 16, 5), 2);
+  EXPECT_EQ(Choose({R(0, 2, 68), R(0, 1, 68), R(0, 1, 68)}, 100, 16, 0), 1);
 }
 
 TEST(Router, APromptMostlyKnownGoesWhereItIsKnownEvenIfBusier) {
