@@ -49,7 +49,7 @@ ServingEngine::ServingEngine(worker::Engine& engine, const ServingOptions& opts,
   remote_logits_.resize(schedulers_.size());
 }
 
-int ServingEngine::Route(const Request& req) const {
+int ServingEngine::Route(const Request& req) {
   if (schedulers_.size() == 1) return 0;
   if (req.replica_of) {  // before sessions: the HTTP API sends no session with n > 1 choices
     const int r = static_cast<int>(*req.replica_of & ((1u << kReplicaBits) - 1));

@@ -89,7 +89,7 @@ class ServingEngine {
 
  private:
   static constexpr int kReplicaBits = 8;  // global id = local id << 8 | replica
-  int Route(const Request& req) const;
+  int Route(const Request& req);
   absl::Status PipelinedStep();
   absl::Status FinishOldestStep();
   // One of the schedulers' histograms, summed over replicas.
@@ -102,7 +102,7 @@ class ServingEngine {
   int32_t max_sessions_ = 1;
   int32_t max_waiting_ = 1;
   int32_t max_seqs_ = 1;
-  mutable uint64_t routed_ = 0;  // requests routed: whose turn a full tie is (serving/router.h)
+  uint64_t routed_ = 0;  // requests routed: whose turn a full tie is (serving/router.h)
   util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
   bool pipelined_ = false;             // pp > 1 with one replica: steps overlap across stages
 
