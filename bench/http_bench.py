@@ -9,9 +9,15 @@
       10x more concurrent clients than max_num_seqs, each sending streamed requests back to back:
       every admitted request must complete, the rest get 429 at once; reports counts, p50/p99 TTFT
       of admitted requests and the server's resident memory over time.
+  bench/http_bench.py documents [--bin ...] [--dp 2] [--docs 4] [--questions 3]
+      docs x questions chat requests sent at once, each a question over one of `docs` documents
+      of ~850 tokens, to a fresh `kvmesh serve --dp DP --threads 1` (under mpirun when DP > 1):
+      prompt tokens computed (each document once is the least), every request's cached tokens,
+      the requests per data-parallel replica, and the wall time.
 """
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -22,8 +28,13 @@ import urllib.error
 import urllib.request
 
 
-def start(binary, extra):
-    p = subprocess.Popen([binary, "serve", "--port", "0", *extra], stderr=subprocess.PIPE, text=True)
+def start(binary, extra, dp=1):
+    cmd = [binary, "serve", "--port", "0", *extra]
+    if dp > 1:  # one rank per replica
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", *root, "-np", str(dp), *cmd,
+               "--dp", str(dp)]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
         if m:
@@ -144,13 +155,61 @@ def overload(a):
         sys.exit("FAIL: some admitted requests did not complete")
 
 
+def metric_lines(base, prefix):
+    text = urllib.request.urlopen(base + "/metrics", timeout=60).read().decode()
+    return [l for l in text.splitlines() if l.startswith(prefix)]
+
+
+def documents(a):
+    p, base = start(a.bin, ["--threads", "1", "--rpc-port", "0"], a.dp)
+    try:
+        docs = [" ".join(f"Record {d}-{i}: item {i} of set {d} sits in bin {(i * 7 + d) % 13}."
+                         for i in range(40)) for d in range(a.docs)]
+        got = {}
+
+        def ask(d, q):
+            body = {"messages": [{"role": "user", "content":
+                                  docs[d] + f"\nWhich bin holds item {q * 5 + 1}?"}],
+                    "max_tokens": 8, "temperature": 0}
+            req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode())
+            with urllib.request.urlopen(req, timeout=600) as r:
+                u = json.load(r)["usage"]
+            got[(d, q)] = (u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"])
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=ask, args=(d, q))
+                   for q in range(a.questions) for d in range(a.docs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+        if len(got) != len(threads):
+            sys.exit("FAIL: some requests did not complete")
+        prompt = sum(v[0] for v in got.values())
+        computed = float(metric_lines(base, "kvmesh:prompt_tokens_total{")[0].rsplit(" ", 1)[1])
+        print(f"{len(threads)} requests ({a.docs} documents x {a.questions} questions, dp {a.dp}) "
+              f"in {wall:.1f} s: {computed:.0f} of {prompt} prompt tokens computed")
+        for d in range(a.docs):
+            print(f"  document {d}: (prompt, cached) {[got[(d, q)] for q in range(a.questions)]}")
+        per = [l.rsplit(" ", 1)[1] for l in metric_lines(base, "kvmesh:replica_requests_total{")]
+        if per:
+            print("  requests per replica: " + " ".join(per))
+    finally:
+        p.terminate()
+        p.wait()
+
+
 ap = argparse.ArgumentParser()
-ap.add_argument("mode", choices=["overhead", "overload"])
+ap.add_argument("mode", choices=["overhead", "overload", "documents"])
 ap.add_argument("--bin", default="build/bin/kvmesh")
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--requests", type=int, default=31)
 ap.add_argument("--seconds", type=int, default=60)
 ap.add_argument("--max-seqs", type=int, default=4)
 ap.add_argument("--clients", type=int, default=40)
+ap.add_argument("--dp", type=int, default=2)
+ap.add_argument("--docs", type=int, default=4)
+ap.add_argument("--questions", type=int, default=3)
 a = ap.parse_args()
-overhead(a) if a.mode == "overhead" else overload(a)
+{"overhead": overhead, "overload": overload, "documents": documents}[a.mode](a)
