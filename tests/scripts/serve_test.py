@@ -318,9 +318,9 @@ if mode == "main":
             ignore_eos=True))))
         t.start()
         wait_for("kvmesh:num_requests_running", 1)
+        short = "Name a colour, a fruit, a bird and a tree, in four words, please."
         code, body, _ = call("POST", "/v1/chat/completions", chat(
-            [system, {"role": "user", "content": "Name a colour, a fruit, a bird and a tree, in four words, please."}],
-            max_tokens=2))
+            [system, {"role": "user", "content": short}], max_tokens=2))
         t.join()
         check(code == 200 and running[0][0] == 200, f"beside a running request: {code} {body}")
         usage = json.loads(body)["usage"]
