@@ -73,9 +73,7 @@ EngineSnapshot EngineLoop::Snapshot() const {
 void EngineLoop::Publish() {
   EngineSnapshot s;
   s.stats = engine_.stats();
-  for (int r = 0; r < engine_.replicas() && engine_.replicas() > 1; ++r) {
-    s.replicas.push_back(engine_.scheduler(r).stats());
-  }
+  for (int r = 0; r < engine_.replicas(); ++r) s.replicas.push_back(engine_.scheduler(r).stats());
   s.ttft = engine_.ttft_seconds();
   s.itl = engine_.itl_seconds();
   s.e2e = e2e_;

@@ -21,7 +21,7 @@ namespace kvmesh::server {
 // A consistent copy of the engine's counters and histograms.
 struct EngineSnapshot {
   serving::SchedulerStats stats;
-  // Each data-parallel replica's own (empty with one replica); stats sums them.
+  // Each data-parallel replica's own (one with one replica); stats sums them.
   std::vector<serving::SchedulerStats> replicas;
   serving::Histogram ttft{serving::LongLatencyBuckets()};
   serving::Histogram itl{serving::LatencyBuckets()};

@@ -28,6 +28,13 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+namespace {
+// A completion's finish_reason as the API names it (the scheduler's "eos" is OpenAI's "stop").
+std::string FinishReason(const serving::Completion& c) {
+  return c.stop_reason == "eos" ? "stop" : c.stop_reason;
+}
+}  // namespace
+
 struct HttpServer::Impl {
   HttpOptions opts;
   EngineLoop& loop;
@@ -179,6 +186,12 @@ struct Session : std::enable_shared_from_this<Session> {
   void Send(std::string data) {
     out.push_back(std::move(data));
     if (!writing) WriteNext();
+  }
+  // A stream's end: the [DONE] event, then the connection closes once it is written.
+  void EndStream() {
+    Send("data: [DONE]\n\n");
+    close_after_writes = true;
+    if (!writing) Close();
   }
   void WriteNext() {
     if (out.empty()) {
@@ -370,15 +383,11 @@ struct Session : std::enable_shared_from_this<Session> {
         if (!c.tokens.empty() && (usage.engine_ttft_ms < 0 || c.ttft_ms < usage.engine_ttft_ms)) {
           usage.engine_ttft_ms = c.ttft_ms;  // the first token of any choice
         }
-        out.push_back({g.text, c.stop_reason == "eos" ? "stop" : c.stop_reason,
-                       api->logprobs ? &g.lps : nullptr});
+        out.push_back({g.text, FinishReason(c), api->logprobs ? &g.lps : nullptr});
       }
       if (api->stream) {
         if (api->include_usage) self->Send(StreamUsageChunk(*api, id, created, usage));
-        self->Send("data: [DONE]\n\n");
-        self->close_after_writes = true;
-        if (!self->writing) self->Close();
-        return;
+        return self->EndStream();
       }
       self->Reply(http::status::ok, CompletionJson(*api, id, created, out, usage), keep);
     };
@@ -511,13 +520,10 @@ struct Session : std::enable_shared_from_this<Session> {
                                  ErrorJson(500, StatusText(c.status)), false);
             }
             self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
-            self->Send("data: [DONE]\n\n");
-            self->close_after_writes = true;
-            if (!self->writing) self->Close();
-            return;
+            return self->EndStream();
           }
           const std::string held = g.text.substr(std::min(g.sent, g.text.size()));
-          const std::string finish = c.stop_reason == "eos" ? "stop" : c.stop_reason;
+          const std::string finish = FinishReason(c);
           if (api->stream) send(g.Chunk(*api, id, created, held, finish, i));
           g.done = std::move(c);
           if (job->ended == static_cast<int>(job->gens.size())) {

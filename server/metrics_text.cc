@@ -99,7 +99,7 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
            "invalid); not the API's own 4xx answers.",
            st.rejected);
   w.Metric("kvmesh:request_cancelled_total", "counter", "Requests cancelled.", st.cancelled);
-  if (s.replicas.size() > 1) {  // data-parallel replicas: where the router sent the requests
+  if (s.replicas.size() > 1) {  // under --dp only: where the router sent the requests
     using St = serving::SchedulerStats;
     w.PerReplica("kvmesh:replica_requests_total", "counter",
                  "Requests routed to this data-parallel replica (accepted by its scheduler).",

@@ -11,6 +11,29 @@ namespace kvmesh::serving {
 using Clock = std::chrono::steady_clock;
 using kvstore::BlockId;
 
+namespace {
+
+using NameCounts = absl::flat_hash_map<kvstore::BlockHash, int32_t>;
+
+// Names tokens' full blocks from block `from` on (`parent`: the name before it), appending each
+// name to `names` and counting it in `counts`.
+void CountNames(kvstore::BlockHash parent, std::span<const int32_t> tokens, int64_t block_size,
+                int64_t from, NameCounts& counts, std::vector<kvstore::BlockHash>& names) {
+  for (int64_t i = from; (i + 1) * block_size <= static_cast<int64_t>(tokens.size()); ++i) {
+    parent = kvstore::ChainHash(parent, tokens.subspan(i * block_size, block_size));
+    names.push_back(parent);
+    ++counts[parent];
+  }
+}
+
+// Takes one count of `name` back out of `counts` (its entry goes at zero).
+void Uncount(const kvstore::BlockHash& name, NameCounts& counts) {
+  auto it = counts.find(name);
+  if (--it->second == 0) counts.erase(it);
+}
+
+}  // namespace
+
 struct Scheduler::Sequence {
   RequestId id;
   uint64_t arrival;
@@ -133,13 +156,7 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   seq->done.id = id;
   seq->done.prompt_tokens = n;
   if (opts_.prefix_caching && seq->req.prefix_cache) {
-    const int64_t bs = opts_.block_size;
-    kvstore::BlockHash parent = salt_;
-    for (int64_t i = 0; (i + 1) * bs <= static_cast<int64_t>(seq->tokens.size()); ++i) {
-      parent = kvstore::ChainHash(parent, std::span(seq->tokens).subspan(i * bs, bs));
-      seq->queued.push_back(parent);
-      ++queued_[parent];
-    }
+    CountNames(salt_, seq->tokens, opts_.block_size, 0, queued_, seq->queued);
   }
   waiting_.push_back(seq.get());
   seqs_.emplace(id, std::move(seq));
@@ -241,14 +258,8 @@ void Scheduler::Start(Sequence& s) {
   // Announce the full blocks this sequence is about to compute, so that requests sharing them
   // wait for them instead of computing them again.
   if (opts_.prefix_caching && s.req.prefix_cache) {
-    const int64_t bs = opts_.block_size;
-    kvstore::BlockHash parent = s.names.empty() ? salt_ : s.names.back();
-    for (int64_t i = static_cast<int64_t>(s.names.size());
-         (i + 1) * bs <= static_cast<int64_t>(s.tokens.size()); ++i) {
-      parent = kvstore::ChainHash(parent, std::span(s.tokens).subspan(i * bs, bs));
-      s.pending.push_back(parent);
-      ++in_flight_[parent];
-    }
+    CountNames(s.names.empty() ? salt_ : s.names.back(), s.tokens, opts_.block_size,
+               static_cast<int64_t>(s.names.size()), in_flight_, s.pending);
   }
   // By arrival: a request that waited for another's in-flight block may start after later ones.
   running_.insert(std::upper_bound(
@@ -270,18 +281,12 @@ bool Scheduler::WaitsForInFlightBlock(const Sequence& s) const {
 }
 
 void Scheduler::Unqueue(Sequence& s) {
-  for (const kvstore::BlockHash& h : s.queued) {
-    auto it = queued_.find(h);
-    if (--it->second == 0) queued_.erase(it);
-  }
+  for (const kvstore::BlockHash& h : s.queued) Uncount(h, queued_);
   s.queued.clear();
 }
 
 void Scheduler::DropInFlight(Sequence& s, size_t keep_from) {
-  for (size_t i = keep_from; i < s.pending.size(); ++i) {
-    auto it = in_flight_.find(s.pending[i]);
-    if (--it->second == 0) in_flight_.erase(it);
-  }
+  for (size_t i = keep_from; i < s.pending.size(); ++i) Uncount(s.pending[i], in_flight_);
   s.pending.resize(std::min(keep_from, s.pending.size()));
 }
 
@@ -401,8 +406,7 @@ void Scheduler::NameFullBlocks(Sequence& s) {
     s.names.push_back(h);
     if (!s.pending.empty() && s.pending.front() == h) {
       // Computed now: no longer in flight. (pending is short; erase from the front.)
-      auto it = in_flight_.find(h);
-      if (--it->second == 0) in_flight_.erase(it);
+      Uncount(h, in_flight_);
       s.pending.erase(s.pending.begin());
     }
   }

@@ -29,10 +29,14 @@ def check(cond, what):
         sys.exit(f"FAIL: {what}")
 
 
-def metric(name):
+def metrics_text():
     code, text, _ = call("GET", "/metrics", headers=HDR)
     check(code == 200, f"/metrics {code}")
-    for line in text.splitlines():
+    return text
+
+
+def metric(name):
+    for line in metrics_text().splitlines():
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     sys.exit(f"FAIL: metric {name} missing")
@@ -40,10 +44,8 @@ def metric(name):
 
 def per_replica(name):
     """A per-replica metric (under --dp): its values by replica index."""
-    code, text, _ = call("GET", "/metrics", headers=HDR)
-    check(code == 200, f"/metrics {code}")
     got = {}
-    for line in text.splitlines():
+    for line in metrics_text().splitlines():
         m = re.match(name + r'\{.*,replica="(\d+)"\} (\S+)$', line)
         if m:
             got[int(m.group(1))] = float(m.group(2))
@@ -304,8 +306,7 @@ if mode == "main":
     # idle one, by load (serving/router.h); routed by cached prefix alone it followed the running
     # one and read that block from its cache.
     if os.environ.get("SERVE_TEST_DP", "1") == "1":
-        check("kvmesh:replica_" not in call("GET", "/metrics", headers=HDR)[1],
-              "per-replica series with one replica")
+        check("kvmesh:replica_" not in metrics_text(), "per-replica series with one replica")
     elif os.environ["SERVE_TEST_DP"] == "2":
         import time
         routed0 = per_replica("kvmesh:replica_requests_total")

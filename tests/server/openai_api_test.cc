@@ -267,6 +267,8 @@ TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
             std::string::npos);
   // One replica: no per-replica series.
   EXPECT_EQ(t.find("kvmesh:replica_"), std::string::npos);
+  s.replicas.resize(1);
+  EXPECT_EQ(PrometheusText(s, "m").find("kvmesh:replica_"), std::string::npos);
 }
 
 TEST(Metrics, DataParallelReplicasGetASeriesEach) {
