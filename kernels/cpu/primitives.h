@@ -158,12 +158,12 @@ struct Primitives {
   // [x * hs + h] of a [d][hs] array (hs a multiple of 16 holding H), K staged as qk_t's kt, V
   // staged as fp32 rows vf [n][d] (d a multiple of 16), scores st [n][hs]. Each head's bits are
   // those of qk_t, exp_shifted_sum and pv over the same chunk where pv is a fused multiply-add
-  // chain (the AVX-512 table's at d = 64; attention takes lanes only there): a multiply-add
-  // chain per (head, key) in dim order, the exps' sum in this table's exp_shifted_sum order, and
-  // per (head, dim) a fused multiply-add chain over the keys in order. With heads in lanes, a K or
-  // V value is one broadcast for 16 heads and no vector is converted inside the loops (qk_t_f16 /
-  // pv_f16 convert one per 12-24 multiply-adds), so the loops are the fused multiply-adds and their
-  // operands' loads.
+  // chain (the AVX-512 and AVX2 tables' at d = 64; attention takes lanes only there): a
+  // multiply-add chain per (head, key) in dim order, the exps' sum in this table's exp_shifted_sum
+  // order, and per (head, dim) a fused multiply-add chain over the keys in order. With heads in
+  // lanes, a K or V value is one broadcast for a vector of heads and no vector is converted inside
+  // the loops (qk_t_f16 / pv_f16 convert one per 12-24 multiply-adds), so the loops are the fused
+  // multiply-adds and their operands' loads.
   //   qk_lanes: st[j * hs + h] = dot(qt_h, k_j) for j < n; chunk_max[h] = max of them.
   //   exp_lanes: st[j * hs + h] = exp(st[j * hs + h] - shift[h]) in place; sums[h] = their sum.
   //   pv_lanes: ot[x * hs + h] = ot[x * hs + h] * rescale[h], then += st[j * hs + h] * vf[j * d +

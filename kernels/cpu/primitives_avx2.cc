@@ -1,5 +1,7 @@
 // AVX2 + FMA + F16C versions of the dot primitives. Compiled with target attributes so the
 // binary runs on any x86-64; Prims() selects them only when CPUID reports the features.
+#include "kernels/cpu/primitives_avx2.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,20 +17,10 @@
 #include "kernels/cpu/q6_k_groups.h"
 #include "kernels/packed.h"
 
-#define KVMESH_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define KVMESH_AVX2_INLINE KVMESH_AVX2 __attribute__((always_inline)) inline
-
 namespace kvmesh::kernels::cpu {
 namespace {
 
 KVMESH_AVX2 inline float H2F(uint16_t h) { return _cvtsh_ss(h); }
-
-KVMESH_AVX2 inline float HSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 8 int32 lanes whose sum is sum_j w[j] * a[j] over 32 elements: w as two vectors of 16 int16
 // (elements 0..15, 16..31), a the activation block's 32 int16.
@@ -170,23 +162,6 @@ KVMESH_AVX2 float DotF32F32(const float* x, const float* y, int64_t n) {
   return s;
 }
 
-// exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2), a degree-6
-// polynomial for exp(r), and 2^n built in the exponent bits. Inputs are clamped to [-87.3, 88.0]
-// so the result stays a normal float (exp of anything lower is taken as exp(-87.3) ~ 1e-38).
-KVMESH_AVX2 inline __m256 Exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(vexp::kLo)), _mm256_set1_ps(vexp::kHi));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(vexp::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(vexp::kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(vexp::kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(vexp::kPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(vexp::kPoly[i]));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 KVMESH_AVX2 void ExpShifted(const float* x, float shift, float* y, int64_t n) {
   const __m256 s = _mm256_set1_ps(shift);
   int64_t i = 0;
@@ -299,13 +274,6 @@ KVMESH_AVX2 void QuantizeTo(const float* x, Block* y, int64_t n) {
     y[b].sum = _mm_cvtsi128_si32(s);
     y[b].dsum = d * static_cast<float>(y[b].sum);
   }
-}
-
-// A value pinned in a register (without it the compiler folds a load shared by several heads'
-// multiply-adds into each of them).
-KVMESH_AVX2 inline __m256 InRegister(__m256 v) {
-  __asm__("" : "+x"(v));
-  return v;
 }
 
 // Where qk_t reads K: a staged fp32 tile, or fp16 groups of 16 keys in the cache converted in
@@ -1041,34 +1009,38 @@ struct Packed8 {
 }  // namespace avx2_table
 
 const Primitives& Avx2Primitives() {
-  static const Primitives t{
-      .q4_0_a16 = DotQ4_0A16,
-      .q4_1_a16 = DotQ4_1A16,
-      .q8_0_a16 = DotQ8_0A16,
-      .q4_k_a16 = DotK4A16<BlockQ4_K>,
-      .q5_k_a16 = DotK4A16<BlockQ5_K>,
-      .q6_k_a16 = DotQ6_KA16,
-      .q5_0_a16 = ScalarPrimitives().q5_0_a16,
-      .q5_1_a16 = ScalarPrimitives().q5_1_a16,
-      .f32_f32 = DotF32F32,
-      .packed_tile = PackedTileOfTypes<BlockA16, avx2_table::Packed16>,
-      .packed_tile_a8 = PackedTileOfTypes<BlockA8, avx2_table::Packed8>,
-      .quantize_a16 = QuantizeTo<BlockA16, 32767>,
-      .quantize_a8 = QuantizeTo<BlockA8, 127>,
-      .exp_shifted = ExpShifted,
-      .exp_shifted_sum = ExpShiftedSum,
-      .silu_mul = SiluMul,
-      .qk_t = QkT,
-      .qk_t_f16 = QkTF16,
-      .pv = Pv,
-      .pv_f16 = PvF16,
-      .qk_bf16 = GenericQkBf16,
-      .pv_bf16 = GenericPvBf16,
-      .to_bf16 = GenericToBf16,
-      .f16_to_f32 = F16ToF32,
-      .f16_to_f32_tile = F16ToF32Tile,
-      .to_fp16 = ToFp16,
-      .argmax = ScalarPrimitives().argmax};  // the scalar loops, vectorised by the compiler
+  static const Primitives t = [] {
+    Primitives d{
+        .q4_0_a16 = DotQ4_0A16,
+        .q4_1_a16 = DotQ4_1A16,
+        .q8_0_a16 = DotQ8_0A16,
+        .q4_k_a16 = DotK4A16<BlockQ4_K>,
+        .q5_k_a16 = DotK4A16<BlockQ5_K>,
+        .q6_k_a16 = DotQ6_KA16,
+        .q5_0_a16 = ScalarPrimitives().q5_0_a16,
+        .q5_1_a16 = ScalarPrimitives().q5_1_a16,
+        .f32_f32 = DotF32F32,
+        .packed_tile = PackedTileOfTypes<BlockA16, avx2_table::Packed16>,
+        .packed_tile_a8 = PackedTileOfTypes<BlockA8, avx2_table::Packed8>,
+        .quantize_a16 = QuantizeTo<BlockA16, 32767>,
+        .quantize_a8 = QuantizeTo<BlockA8, 127>,
+        .exp_shifted = ExpShifted,
+        .exp_shifted_sum = ExpShiftedSum,
+        .silu_mul = SiluMul,
+        .qk_t = QkT,
+        .qk_t_f16 = QkTF16,
+        .pv = Pv,
+        .pv_f16 = PvF16,
+        .qk_bf16 = GenericQkBf16,
+        .pv_bf16 = GenericPvBf16,
+        .to_bf16 = GenericToBf16,
+        .f16_to_f32 = F16ToF32,
+        .f16_to_f32_tile = F16ToF32Tile,
+        .to_fp16 = ToFp16,
+        .argmax = ScalarPrimitives().argmax};  // the scalar loops, vectorised by the compiler
+    SetAvx2LaneEntries(d);                     // primitives_avx2_lanes.cc
+    return d;
+  }();
   return t;
 }
 
