@@ -38,6 +38,13 @@ absl::StatusOr<v1::SamplingParams> Sampling(const Flags& f) {
   return s;
 }
 
+// A generation's summary line (to stderr).
+std::string Summary(const v1::Done& d) {
+  return StrCat(d.prompt_tokens(), " prompt tokens (", d.cached_tokens(), " cached), ",
+                d.completion_tokens(), " generated, TTFT ", Fixed(d.ttft_ms()), " ms, ",
+                d.finish_reason());
+}
+
 // Streams a Generate / SessionAppend; prints the text as it comes, then a summary line.
 int StreamOut(server::RpcClient& c, v1::Frame req) {
   auto done = c.Stream(std::move(req), [](const v1::Token& t) {
@@ -46,10 +53,26 @@ int StreamOut(server::RpcClient& c, v1::Frame req) {
   });
   if (!done.ok()) return Fail(done.status());
   std::cout << "\n";
-  std::cerr << "kvmesh client: " << done->prompt_tokens() << " prompt tokens ("
-            << done->cached_tokens() << " cached), " << done->completion_tokens()
-            << " generated, TTFT " << Fixed(done->ttft_ms()) << " ms, " << done->finish_reason()
-            << "\n";
+  std::cerr << "kvmesh client: " << Summary(*done) << "\n";
+  return 0;
+}
+
+// n choices of one Generate: n requests in flight at once on the connection (the RPC API's `n`:
+// they share the prompt's KV blocks on the server), choice i with seed + i when a seed is given
+// (as the HTTP API's choices). Prints each choice's text once all have ended, and a summary line
+// per choice.
+int StreamChoices(server::RpcClient& c, const v1::Frame& req, int64_t n) {
+  std::vector<v1::Frame> reqs(static_cast<size_t>(n), req);
+  for (int64_t i = 0; i < n; ++i) {
+    v1::SamplingParams* s = reqs[i].mutable_generate()->mutable_sampling();
+    if (s->has_seed()) s->set_seed(s->seed() + static_cast<uint64_t>(i));
+  }
+  auto done = c.StreamAll(std::move(reqs), nullptr);
+  if (!done.ok()) return Fail(done.status());
+  for (size_t i = 0; i < done->size(); ++i) {
+    std::cout << "[choice " << i << "] " << (*done)[i].text() << "\n";
+    std::cerr << "kvmesh client: choice " << i << ": " << Summary((*done)[i]) << "\n";
+  }
   return 0;
 }
 
@@ -71,7 +94,7 @@ int Client(int argc, char** argv) {
   }
   auto f = Flags::Parse(argc, argv, 3,
                         {"host", "port", "api-key", "api-key-file", "text", "prompt", "message",
-                         "system", "max-tokens", "temperature", "seed", "id", "turns"},
+                         "system", "max-tokens", "temperature", "seed", "id", "turns", "n"},
                         {"no-special"});
   if (!f.ok()) return Fail(f.status());
   if (f->help()) return PrintHelp();
@@ -82,6 +105,8 @@ int Client(int argc, char** argv) {
   if (!max_tokens.ok()) return Fail(max_tokens.status());
   auto sampling = Sampling(*f);
   if (!sampling.ok()) return Fail(sampling.status());
+  auto n = f->Int("n", 1, 1, 16);  // choices, as the HTTP API's `n`
+  if (!n.ok()) return Fail(n.status());
   auto key = ApiKeyFromFlags(*f, "client: ");
   if (!key.ok()) return Fail(key.status());
   // Each action's required flags are checked, and a session's turns read, before connecting (a
@@ -140,7 +165,7 @@ int Client(int argc, char** argv) {
     }
     g->set_max_tokens(static_cast<int32_t>(*max_tokens));
     *g->mutable_sampling() = *sampling;
-    return StreamOut(**c, req);
+    return *n == 1 ? StreamOut(**c, req) : StreamChoices(**c, req, *n);
   }
   if (action == "session") {
     // Opens session --id, sends each turn of --turns (as `run --session` reads them:

@@ -1,6 +1,7 @@
 #include "server/rpc_client.h"
 
 #include <boost/asio.hpp>
+#include <optional>
 
 #include "server/rpc_frame.h"
 #include "util/str_cat.h"
@@ -72,24 +73,49 @@ absl::StatusOr<kvmesh::v1::Frame> RpcClient::Call(kvmesh::v1::Frame request) {
 
 absl::StatusOr<kvmesh::v1::Done> RpcClient::Stream(
     kvmesh::v1::Frame request, const std::function<bool(const kvmesh::v1::Token&)>& on_token) {
-  const uint64_t id = impl_->next_id;
-  auto first = Call(std::move(request));
-  bool cancelled = false;
-  for (absl::StatusOr<kvmesh::v1::Frame> f = std::move(first);; f = Receive()) {
+  std::vector<kvmesh::v1::Frame> one;
+  one.push_back(std::move(request));
+  auto done = StreamAll(
+      std::move(one), [&](size_t, const kvmesh::v1::Token& t) { return !on_token || on_token(t); });
+  if (!done.ok()) return done.status();
+  return std::move(done->front());
+}
+
+absl::StatusOr<std::vector<kvmesh::v1::Done>> RpcClient::StreamAll(
+    std::vector<kvmesh::v1::Frame> requests,
+    const std::function<bool(size_t, const kvmesh::v1::Token&)>& on_token) {
+  const uint64_t first = impl_->next_id;
+  std::string bytes;
+  for (kvmesh::v1::Frame& r : requests) {
+    r.set_request_id(impl_->next_id++);
+    bytes += EncodeFrame(r);
+  }
+  boost::system::error_code ec;
+  asio::write(impl_->sock, asio::buffer(bytes), ec);
+  if (ec) return absl::UnavailableError(StrCat("send failed: ", ec.message()));
+  std::vector<std::optional<kvmesh::v1::Done>> done(requests.size());
+  std::vector<bool> cancelled(requests.size(), false);
+  for (size_t left = requests.size(); left > 0;) {
+    auto f = Receive();
     if (!f.ok()) return f.status();
-    if (f->request_id() != id) continue;
-    if (f->has_done()) return f->done();
-    if (f->has_token() && !cancelled && on_token && !on_token(f->token())) {
-      cancelled = true;
+    if (f->request_id() < first || f->request_id() >= first + requests.size()) continue;
+    const size_t i = f->request_id() - first;
+    if (f->has_done() && !done[i]) {
+      done[i] = f->done();
+      --left;
+    } else if (f->has_token() && !cancelled[i] && on_token && !on_token(i, f->token())) {
+      cancelled[i] = true;
       kvmesh::v1::Frame c;
-      c.set_request_id(id);
+      c.set_request_id(f->request_id());
       c.mutable_cancel();
-      const std::string bytes = EncodeFrame(c);
-      boost::system::error_code ec;
-      asio::write(impl_->sock, asio::buffer(bytes), ec);
+      const std::string cancel = EncodeFrame(c);
+      asio::write(impl_->sock, asio::buffer(cancel), ec);
       if (ec) return absl::UnavailableError("send failed");
     }
   }
+  std::vector<kvmesh::v1::Done> out;
+  for (auto& d : done) out.push_back(std::move(*d));
+  return out;
 }
 
 }  // namespace kvmesh::server

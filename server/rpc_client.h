@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvmesh.pb.h"
@@ -27,6 +28,14 @@ class RpcClient {
   // "cancelled").
   absl::StatusOr<kvmesh::v1::Done> Stream(
       kvmesh::v1::Frame request, const std::function<bool(const kvmesh::v1::Token&)>& on_token);
+  // Several streamed requests in flight at once (each its own request_id, assigned here, all sent
+  // before any reply is read): on_token(i, token) sees request i's Token frames as they come,
+  // interleaved; returns their Done frames in request order. Returning false from on_token
+  // cancels request i. An Error frame for any of them ends the call with its status (closing the
+  // client then cancels the others on the server).
+  absl::StatusOr<std::vector<kvmesh::v1::Done>> StreamAll(
+      std::vector<kvmesh::v1::Frame> requests,
+      const std::function<bool(size_t, const kvmesh::v1::Token&)>& on_token);
 
   struct Impl;
 

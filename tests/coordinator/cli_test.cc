@@ -92,6 +92,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "client generate: --prompt is required");
   ExpectOneLineError({"client", "chat", "--port", "1"}, "client chat: --message is required");
   ExpectOneLineError({"client", "tokenize", "--port", "1"}, "client tokenize: --text is required");
+  ExpectOneLineError({"client", "generate", "--port", "1", "--prompt", "x", "--n", "17"},
+                     "--n must be an integer in [1, 16], got '17'");
   ExpectOneLineError({"client", "health", "--port", "1", "--api-key", "k", "--api-key-file", "f"},
                      "client: give --api-key or --api-key-file, not both");
   ExpectOneLineError({"client", "health", "--port", "1", "--api-key", ""},

@@ -88,6 +88,27 @@ cached = [int(m) for m in re.findall(r"prompt tokens, (\d+) cached", open(sys.ar
 assert len(cached) == 3 and cached[1] > 300 and cached[2] > cached[1], cached
 print("serve rpc: session cached tokens per turn", cached)
 PY
+# n choices over RPC (--n: three chat requests in flight at once on one connection): the
+# second and third read the prompt's full blocks from the cache, and the same seed gives the same
+# three choices again.
+python3 -c "print(' '.join(f'Crate {i} holds {i * 7} bolts.' for i in range(1, 30)) + ' Which crate holds 91 bolts?')" >"$work/rpc.doc"
+for k in 1 2; do
+  rpcc chat --message "$(cat "$work/rpc.doc")" --n 3 --temperature 0.8 --seed 7 --max-tokens 8 \
+    >"$work/rpc.n$k" 2>"$work/rpc.n$k.err" || fail "rpc n = 3: $(cat "$work/rpc.n$k.err")"
+done
+python3 - "$work/rpc.n1" "$work/rpc.n1.err" "$work/rpc.n2" <<'PY' || fail "rpc n = 3: $(cat "$work/rpc.n1" "$work/rpc.n1.err")"
+import re, sys
+out, err = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+heads = [l.split("]")[0] + "]" for l in out.splitlines() if l.startswith("[choice")]
+assert heads == ["[choice 0]", "[choice 1]", "[choice 2]"], heads
+s = [(int(p), int(c)) for p, c in re.findall(r"choice \d: (\d+) prompt tokens \((\d+) cached\)", err)]
+assert len(s) == 3, err
+p = s[0][0]
+assert s[1][1] == s[2][1] and p - 16 <= s[1][1] < p, s
+assert len(out) > 3 * len("[choice 0] \n"), "no choice has text"
+assert out == open(sys.argv[3]).read(), "the same seed gave other choices"
+print("serve rpc: n = 3 choices; cached tokens", [c for _, c in s], "of", p)
+PY
 # A request over the context: refused in the HTTP API's (vLLM's) words, naming the input.
 rpcc generate --prompt "x" --max-tokens 9000 >/dev/null 2>"$work/rpc.ctx" && fail "rpc over the context succeeded"
 grep -q "maximum context length is 8192 tokens. However, you requested 9001 tokens (1 in the prompt" "$work/rpc.ctx" ||
