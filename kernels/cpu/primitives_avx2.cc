@@ -283,10 +283,16 @@ struct KtF32 {
   const float* kt;
   int64_t kts;
   KVMESH_AVX2 __m256 Load(int64_t i, int c) const { return _mm256_loadu_ps(kt + i * kts + 8 * c); }
+  void Ask() const {}
 };
+// In the cache; `ahead` (may be null): lines asked for one a step of the kernel's loop (Ask).
 struct KtF16 {
   const uint16_t* const* groups;
   int64_t stride;
+  Ahead* ahead = nullptr;
+  void Ask() const {
+    if (ahead != nullptr) ahead->One();
+  }
   KVMESH_AVX2 __m256 Load(int64_t i, int c) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(
         reinterpret_cast<const __m128i*>(groups[c / 2] + i * stride + 8 * (c & 1))));
@@ -316,6 +322,7 @@ KVMESH_AVX2 void QkTile(const float* qs, int64_t d, const Kt& k, int64_t n, floa
     for (int g = 0; g < GN; ++g) acc[g][c] = _mm256_mul_ps(_mm256_set1_ps(qs[g * d]), k0);
   }
   for (int64_t i = 1; i < d; ++i) {
+    k.Ask();  // one line of those ahead per dim
     if constexpr (GN <= VN) {
       __m256 qv[GN];
       for (int g = 0; g < GN; ++g) qv[g] = InRegister(_mm256_set1_ps(qs[g * d + i]));
@@ -416,14 +423,15 @@ KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int6
 KVMESH_AVX2 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* const* groups,
                         int64_t dim_stride, int64_t n, float scale, float* scores, int64_t ss,
                         float* row_max, Ahead* ahead) {
-  AskAll(ahead);
   if (d > 256) {
+    AskAll(ahead);
     return GenericQkTF16(Avx2Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
                          row_max, nullptr);
   }
   QkAllHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
-    return KtF16{groups + j0 / 16, dim_stride};
+    return KtF16{groups + j0 / 16, dim_stride, ahead};
   });
+  AskAll(ahead);  // what the loop's steps did not take
 }
 
 // dst[r * dst_stride + c] = float(src[r * src_stride + c]) for r < rows, c < cols.
@@ -438,9 +446,14 @@ KVMESH_AVX2 void F16ToF32Tile(const uint16_t* src, int64_t src_stride, float* ds
 struct F32Rows {
   const float* p;
   KVMESH_AVX2 __m256 Load(int64_t j, int c) const { return _mm256_loadu_ps(p + j * 64 + 8 * c); }
+  void Ask() const {}
 };
-struct F16Rows {
+struct F16Rows {  // `ahead` as KtF16's, a line per key step
   const uint16_t* const* rows;
+  Ahead* ahead = nullptr;
+  void Ask() const {
+    if (ahead != nullptr) ahead->One();
+  }
   KVMESH_AVX2 __m256 Load(int64_t j, int c) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + 8 * c)));
   }
@@ -454,6 +467,7 @@ KVMESH_AVX2 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o
       for (int c = 0; c < W; ++c) acc[g][c] = _mm256_loadu_ps(o + g * os + 8 * (c0 + c));
     }
     for (int64_t j = 0; j < n; ++j) {
+      v.Ask();  // one line of those ahead per key
       for (int c = 0; c < W; ++c) {
         const __m256 vv = InRegister(v.Load(j, c0 + c));
         for (int g = 0; g < G; ++g)
@@ -501,8 +515,11 @@ KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const floa
 
 KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                        const uint16_t* const* rows, int64_t n, float* o, int64_t os, Ahead* ahead) {
+  if (d == 64) {
+    PvRows(p, ps, G, F16Rows{rows, ahead}, n, o, os);
+    return AskAll(ahead);  // what the loop's steps did not take
+  }
   AskAll(ahead);
-  if (d == 64) return PvRows(p, ps, G, F16Rows{rows}, n, o, os);
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(d));
   for (int64_t j = 0; j < n; ++j) {
