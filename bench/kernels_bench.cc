@@ -225,7 +225,8 @@ void BM_PagedAttentionSharedDecode(benchmark::State& st) {
 }
 BENCHMARK(BM_PagedAttentionSharedDecode)
     ->ArgsProduct({{1024, 4096}, {1, 16}, {2}, {16, 100}, {0, 1}})
-    ->Args({0, 16, 1, 100, 0})  // each sequence's own keys alone: 16 one-row units of 100 keys
+    ->Args({4096, 4, 2, 100, 0})  // 4 sequences: tasks of 4 rows (one-row passes on AVX2)
+    ->Args({0, 16, 1, 100, 0})    // each sequence's own keys alone: 16 one-row units of 100 keys
     ->Args({0, 16, 2, 100, 0})
     ->Args({0, 16, 2, 100, 1})
     ->Args({1024, 16, 2, 0, 0})  // the shared part alone

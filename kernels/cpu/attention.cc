@@ -639,7 +639,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
     const uint16_t* kgroups[kKeyChunk / 16];
     const uint32_t* kpairs[kKeyChunk / 16];
     const uint32_t* vpairs[kKeyChunk / 2];
-    thread_local std::vector<const void*> side;  // lines of the item's one-row units
+    thread_local std::vector<const void*> side;      // lines of the item's one-row units
+    thread_local std::vector<const void*> pv_lines;  // a call's lines for its p.v
     for (int64_t k = next_item.fetch_add(1); k < n_items; k = next_item.fetch_add(1)) {
       for (int64_t q = item[k]; q < item[k + 1]; ++q) {
         const int64_t u = seq[q];
@@ -812,12 +813,13 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             }
             kv.vrows = vrows;
             line_end = line_rem = 0;
-            // A call asks for its rows' shares of the next chunk during q.k and their side lines
-            // during p.v: the two together (16 + 32 lines a row) overran the core's miss buffers.
-            // This way against both before q.k, alternating every 7 calls in one process (15th
-            // session, Zen 3): 16 sequences over 1K shared keys with 100 of their own 7-10% less
-            // time per layer, over 4K 1-6%; the whole 16-sequence decode step at 1K 1.6% less
-            // with 256 tokens decoded, within +-1.5% with 64.
+            // A call asks for its rows' shares of the next chunk during q.k (since the
+            // forty-second session half of them; the other half during p.v, below) and their
+            // side lines during p.v: the two together before q.k (16 + 32 lines a row) overran
+            // the core's miss buffers. This way against both before q.k, alternating every 7 calls
+            // in one process (15th session, Zen 3): 16 sequences over 1K shared keys with 100 of
+            // their own 7-10% less time per layer, over 4K 1-6%; the whole 16-sequence decode step
+            // at 1K 1.6% less with 256 tokens decoded, within +-1.5% with 64.
             cpu::Ahead ahead;
             auto side_lines = [&](int64_t rows) {  // `rows` row passes' share of the side lines
               const size_t from = side_at;
@@ -860,8 +862,20 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
                    ++m) {
                 next_share();  // row i + m's share
               }
-              ahead = {lines + first_line, line_end - first_line};
-              auto between = [&] { ahead = side_lines(m); };
+              // The calls' share of the next chunk goes half to q.k and half, with the side
+              // lines, to p.v, so a kernel that spreads its lines over its steps (AVX2) gives
+              // them out over the whole call. All to q.k, whose 64 dims x 2 tiles took them
+              // one a step and the rest at once: in-process A/B (forty-second session, Zen 3),
+              // the 4-sequence decode step at 4K 0.877-0.954x (four runs; 8K 0.903x, 8
+              // sequences at 4K 0.915x), one and 16 sequences within noise.
+              const int64_t share = line_end - first_line, qk_share = share / 2;
+              ahead = {lines + first_line, qk_share};
+              auto between = [&] {
+                const cpu::Ahead sl = side_lines(m);
+                pv_lines.assign(lines + first_line + qk_share, lines + line_end);
+                pv_lines.insert(pv_lines.end(), sl.lines, sl.lines + sl.n);
+                ahead = {pv_lines.data(), static_cast<int64_t>(pv_lines.size())};
+              };
               if (pairs) {
                 AttendChunk(a, p, pair_q.data() + i * hn * d, pair_qp_of(i), m * hn, kv, n,
                             scores.data(), pair_rec.data() + i * hn * stride, &ahead, between);

@@ -285,13 +285,14 @@ struct KtF32 {
   KVMESH_AVX2 __m256 Load(int64_t i, int c) const { return _mm256_loadu_ps(kt + i * kts + 8 * c); }
   void Ask() const {}
 };
-// In the cache; `ahead` (may be null): lines asked for one a step of the kernel's loop (Ask).
+// In the cache; `ahead` (may be null): lines asked for spread over the kernel's loop steps
+// (Ask, once a step).
 struct KtF16 {
   const uint16_t* const* groups;
   int64_t stride;
-  Ahead* ahead = nullptr;
+  Spread* ahead = nullptr;
   void Ask() const {
-    if (ahead != nullptr) ahead->One();
+    if (ahead != nullptr) ahead->Step();
   }
   KVMESH_AVX2 __m256 Load(int64_t i, int c) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(
@@ -412,6 +413,18 @@ KVMESH_AVX2 void QkAllHeads(const float* q, int64_t G, int64_t d, int64_t n, flo
   }
 }
 
+// The steps of QkAllHeads' loops (a dim of a tile, the first dim of each tile excepted) for G
+// heads over n keys: its passes of up to 4 heads take tiles of 64, 32, 32 and 16 keys.
+int64_t QkSteps(int64_t G, int64_t d, int64_t n) {
+  int64_t steps = 0;
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    const int64_t keys = gn == 1 ? 64 : gn == 4 ? 16 : 32;
+    steps += (n + keys - 1) / keys * (d - 1);
+  }
+  return steps;
+}
+
 KVMESH_AVX2 void QkT(const float* q, int64_t G, int64_t d, const float* kt, int64_t kts, int64_t n,
                      float scale, float* scores, int64_t ss, float* row_max) {
   if (d > 256) return GenericQkT(q, G, d, kt, kts, n, scale, scores, ss, row_max);
@@ -428,9 +441,11 @@ KVMESH_AVX2 void QkTF16(const float* q, int64_t G, int64_t d, const uint16_t* co
     return GenericQkTF16(Avx2Primitives(), q, G, d, groups, dim_stride, n, scale, scores, ss,
                          row_max, nullptr);
   }
+  Spread spread(ahead != nullptr ? *ahead : Ahead{}, QkSteps(G, d, n));
   QkAllHeads(q, G, d, n, scale, scores, ss, row_max, [&](int64_t j0) {
-    return KtF16{groups + j0 / 16, dim_stride, ahead};
+    return KtF16{groups + j0 / 16, dim_stride, &spread};
   });
+  if (ahead != nullptr) *ahead = spread.a;
   AskAll(ahead);  // what the loop's steps did not take
 }
 
@@ -448,11 +463,11 @@ struct F32Rows {
   KVMESH_AVX2 __m256 Load(int64_t j, int c) const { return _mm256_loadu_ps(p + j * 64 + 8 * c); }
   void Ask() const {}
 };
-struct F16Rows {  // `ahead` as KtF16's, a line per key step
+struct F16Rows {  // `ahead` as KtF16's, over the key steps
   const uint16_t* const* rows;
-  Ahead* ahead = nullptr;
+  Spread* ahead = nullptr;
   void Ask() const {
-    if (ahead != nullptr) ahead->One();
+    if (ahead != nullptr) ahead->Step();
   }
   KVMESH_AVX2 __m256 Load(int64_t j, int c) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + 8 * c)));
@@ -478,6 +493,17 @@ KVMESH_AVX2 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o
       for (int c = 0; c < W; ++c) _mm256_storeu_ps(o + g * os + 8 * (c0 + c), acc[g][c]);
     }
   }
+}
+
+// The steps of PvRows' loops (a key of a pass) for G heads over n keys: its passes of up to 4
+// heads take the head dim in 1, 2, 2 and 4 passes.
+int64_t PvSteps(int64_t G, int64_t n) {
+  int64_t steps = 0;
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    steps += (gn == 1 ? 1 : gn == 4 ? 4 : 2) * n;
+  }
+  return steps;
 }
 
 // Any number of heads, in passes of 4 (each head's sums are its own: same bits for any G).
@@ -516,7 +542,9 @@ KVMESH_AVX2 void Pv(const float* p, int64_t ps, int64_t G, int64_t d, const floa
 KVMESH_AVX2 void PvF16(const float* p, int64_t ps, int64_t G, int64_t d,
                        const uint16_t* const* rows, int64_t n, float* o, int64_t os, Ahead* ahead) {
   if (d == 64) {
-    PvRows(p, ps, G, F16Rows{rows, ahead}, n, o, os);
+    Spread spread(ahead != nullptr ? *ahead : Ahead{}, PvSteps(G, n));
+    PvRows(p, ps, G, F16Rows{rows, &spread}, n, o, os);
+    if (ahead != nullptr) *ahead = spread.a;
     return AskAll(ahead);  // what the loop's steps did not take
   }
   AskAll(ahead);

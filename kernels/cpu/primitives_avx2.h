@@ -45,6 +45,29 @@ KVMESH_AVX2 inline __m256 InRegister(__m256 v) {
   return v;
 }
 
+// The lines of an Ahead asked for evenly over a kernel's loop steps (`slots` of them: one
+// every slots / lines steps), not one a step from the first; the kernel asks for what is left
+// at its end (AskAll). Asked for from the first steps, a lane unit's 256 lines of the next
+// chunk went out in a burst and the loads after it waited (Zen 3: K and V staging ~10% of a
+// lane unit's samples). In-process A/B against one a step, Zen 3: the lane kernels'
+// BM_PagedAttentionSharedDecode 1024/16/2/100 0.937x, 4096/16/2/100 0.940x,
+// BM_PagedAttentionPrefill 1024|4096/64/2 0.970x, the 16-sequence decode step 0.977x at 1K,
+// 0.965x at 4K, 0.906x at 8K (forty-first session); qk_t_f16 / pv_f16 (with a several-row task
+// giving each row's p.v half its share: kernels/cpu/attention.cc), the 4-sequence decode step
+// 0.877-0.954x at 4K (forty-second session).
+struct Spread {
+  Ahead a;
+  int64_t every, left;
+  Spread(const Ahead& all, int64_t slots)
+      : a(all), every(std::max<int64_t>(1, slots / std::max<int64_t>(1, all.n))), left(every) {}
+  void Step() {
+    if (--left == 0) {
+      left = every;
+      a.One();
+    }
+  }
+};
+
 // Sets the table's lane entries: qk_lanes, exp_lanes, pv_lanes, transpose_f32 and lane_heads.
 void SetAvx2LaneEntries(Primitives& d);
 

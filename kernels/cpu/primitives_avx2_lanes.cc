@@ -55,26 +55,6 @@ constexpr int kLaneKeys = RV == 1 ? 8 : 4;
 template <int RV>
 constexpr int kLaneDims = RV == 1 ? 8 : 4;
 
-// The lines of an Ahead asked for evenly over a kernel's loop steps (`slots` of them: one
-// every slots / lines steps), not one a step from the first. Asked for from the first steps, a
-// chunk's 256 lines went out in a burst and the loads after it waited (Zen 3: K and V staging
-// ~10% of a lane unit's samples). In-process A/B against one a step, Zen 3:
-// BM_PagedAttentionSharedDecode 1024/16/2/100 0.937x, 4096/16/2/100 0.940x;
-// BM_PagedAttentionPrefill 1024|4096/64/2 0.970x; the 16-sequence decode step 0.977x at 1K,
-// 0.965x at 4K, 0.906x at 8K.
-struct Spread {
-  Ahead a;
-  int64_t every, left;
-  Spread(const Ahead& all, int64_t slots)
-      : a(all), every(std::max<int64_t>(1, slots / std::max<int64_t>(1, all.n))), left(every) {}
-  void Step() {
-    if (--left == 0) {
-      left = every;
-      a.One();
-    }
-  }
-};
-
 // Calls f.template operator()<RV>(r0) for H heads' vectors of 8 in groups of up to kLaneRv: RV
 // of them from vector r0.
 template <typename F>
