@@ -349,17 +349,22 @@ int64_t KeysInRange(const Task& t, const std::vector<int64_t>& rows,
 }
 
 // Appends the lines holding a unit's K and V (all of its keys and KV heads) to `lines`.
+// Calls f(line) for the lines of unit u's (task t's) chunk from key j0, for each of its KV heads.
+template <typename F>
+void ForEachChunkLine(const PagedAttentionArgs& a, const Task& t, const Unit& u, int64_t j0, F f) {
+  Run runs[kKeyChunk + 1];
+  const int64_t n_runs =
+      RunsOf(a, t.table, j0, std::min(kKeyChunk, t.s * kRange + u.keys - j0), runs);
+  for (int64_t kvh = u.kvh0; kvh < u.kvh1; ++kvh) {
+    ForEachLine(a, a.k + kvh * a.head_dim * a.block_size, a.v + (a.bf16 ? 2 : 1) * kvh * a.head_dim,
+                runs, n_runs, f);
+  }
+}
+
 void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u,
                      std::vector<const void*>& lines) {
-  const int64_t j_begin = t.s * kRange, j_end = j_begin + u.keys;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
-    Run runs[kKeyChunk + 1];
-    const int64_t n_runs = RunsOf(a, t.table, j0, std::min(kKeyChunk, j_end - j0), runs);
-    for (int64_t kvh = u.kvh0; kvh < u.kvh1; ++kvh) {
-      ForEachLine(a, a.k + kvh * a.head_dim * a.block_size,
-                  a.v + (a.bf16 ? 2 : 1) * kvh * a.head_dim, runs, n_runs,
-                  [&](const void* l) { lines.push_back(l); });
-    }
+  for (int64_t j0 = t.s * kRange; j0 < t.s * kRange + u.keys; j0 += kKeyChunk) {
+    ForEachChunkLine(a, t, u, j0, [&](const void* l) { lines.push_back(l); });
   }
 }
 
@@ -761,14 +766,9 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
             if (k_next < n_items) {
               const Unit& nu = units[seq[item[k_next]]];
               const Task& nt = tasks[nu.task];
-              Run first[kKeyChunk + 1];
-              const int64_t n_first =
-                  RunsOf(a, nt.table, nt.s * kRange, std::min(kKeyChunk, nu.keys), first);
-              for (int64_t kvh = nu.kvh0; kvh < nu.kvh1; ++kvh) {
-                ForEachLine(a, kbase_of(kvh), vbase_of(kvh), first, n_first, [&](const void* l) {
-                  if (n_lines < kMaxLines) lines[n_lines++] = l;
-                });
-              }
+              ForEachChunkLine(a, nt, nu, nt.s * kRange, [&](const void* l) {
+                if (n_lines < kMaxLines) lines[n_lines++] = l;
+              });
             }
           }
           if (j0 + kKeyChunk < j_end) {

@@ -383,6 +383,12 @@ KVMESH_AVX2 void QkHeads(const float* qs, int64_t d, int64_t n, float* scores, i
   }
 }
 
+// Per pass of gn (1-4) heads: q.k's tile width in vectors of 8 keys (QkAllHeads), and p.v's
+// accumulator vectors per head, W of the head dim's 8 (PvRows). QkSteps / PvSteps count the
+// loops' steps from the same tables.
+constexpr int kQkTileVectors[5] = {0, 8, 4, 4, 2};
+constexpr int kPvPassVectors[5] = {0, 8, 4, 4, 2};
+
 // Heads in passes of up to 4, tiles sized per pass. q (head g's value i at q[g * d + i]) is read
 // in place when scale is 1 (the caller scaled it), else scaled into a buffer once per pass: x * 1
 // is x, so both give the same bits.
@@ -398,28 +404,27 @@ KVMESH_AVX2 void QkAllHeads(const float* q, int64_t G, int64_t d, int64_t n, flo
     float* mx = row_max + g0;
     switch (gn) {
       case 1:
-        QkHeads<1, 8>(qs, d, n, out, ss, mx, tile);
+        QkHeads<1, kQkTileVectors[1]>(qs, d, n, out, ss, mx, tile);
         break;
       case 2:
-        QkHeads<2, 4>(qs, d, n, out, ss, mx, tile);
+        QkHeads<2, kQkTileVectors[2]>(qs, d, n, out, ss, mx, tile);
         break;
       case 3:
-        QkHeads<3, 4>(qs, d, n, out, ss, mx, tile);
+        QkHeads<3, kQkTileVectors[3]>(qs, d, n, out, ss, mx, tile);
         break;
       default:
-        QkHeads<4, 2>(qs, d, n, out, ss, mx, tile);
+        QkHeads<4, kQkTileVectors[4]>(qs, d, n, out, ss, mx, tile);
         break;
     }
   }
 }
 
 // The steps of QkAllHeads' loops (a dim of a tile, the first dim of each tile excepted) for G
-// heads over n keys: its passes of up to 4 heads take tiles of 64, 32, 32 and 16 keys.
+// heads over n keys.
 int64_t QkSteps(int64_t G, int64_t d, int64_t n) {
   int64_t steps = 0;
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    const int64_t gn = std::min<int64_t>(4, G - g0);
-    const int64_t keys = gn == 1 ? 64 : gn == 4 ? 16 : 32;
+    const int64_t keys = 8 * kQkTileVectors[std::min<int64_t>(4, G - g0)];
     steps += (n + keys - 1) / keys * (d - 1);
   }
   return steps;
@@ -495,13 +500,11 @@ KVMESH_AVX2 void PvRowsG(const float* p, int64_t ps, Rows v, int64_t n, float* o
   }
 }
 
-// The steps of PvRows' loops (a key of a pass) for G heads over n keys: its passes of up to 4
-// heads take the head dim in 1, 2, 2 and 4 passes.
+// The steps of PvRows' loops (a key of a pass over the head dim) for G heads over n keys.
 int64_t PvSteps(int64_t G, int64_t n) {
   int64_t steps = 0;
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    const int64_t gn = std::min<int64_t>(4, G - g0);
-    steps += (gn == 1 ? 1 : gn == 4 ? 4 : 2) * n;
+    steps += 8 / kPvPassVectors[std::min<int64_t>(4, G - g0)] * n;
   }
   return steps;
 }
@@ -513,16 +516,16 @@ KVMESH_AVX2 void PvRows(const float* p, int64_t ps, int64_t G, Rows v, int64_t n
   for (int64_t g0 = 0; g0 < G; g0 += 4, p += 4 * ps, o += 4 * os) {
     switch (std::min<int64_t>(4, G - g0)) {
       case 1:
-        PvRowsG<1, 8>(p, ps, v, n, o, os);
+        PvRowsG<1, kPvPassVectors[1]>(p, ps, v, n, o, os);
         break;
       case 2:
-        PvRowsG<2, 4>(p, ps, v, n, o, os);
+        PvRowsG<2, kPvPassVectors[2]>(p, ps, v, n, o, os);
         break;
       case 3:
-        PvRowsG<3, 4>(p, ps, v, n, o, os);
+        PvRowsG<3, kPvPassVectors[3]>(p, ps, v, n, o, os);
         break;
       default:
-        PvRowsG<4, 2>(p, ps, v, n, o, os);
+        PvRowsG<4, kPvPassVectors[4]>(p, ps, v, n, o, os);
         break;
     }
   }
