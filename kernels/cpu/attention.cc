@@ -239,17 +239,18 @@ bool LaneWorthy(const PagedAttentionArgs& a, const cpu::Primitives& p, int64_t h
 // are staged as fp32 once for all of them; each head's bits are those of AttendHeads (the same
 // chains, folded by FoldChunk), so which path a unit takes changes only its time. q_of(i): row
 // i's hn scaled query heads; rec_of(i): its records, set to their start, written at the end. The
-// next chunk's lines are asked for during q.k, the side lines spread over the chunks' p.v, both
+// next chunk's lines are asked for during q.k (in the last chunk, those last_lines(add) gives
+// add: the caller's next item's first chunk), the side lines spread over the chunks' p.v, both
 // into L2: a chunk's own data (48 heads: queries, K and V as fp32, scores, outputs, ~68 KB) is
 // more than L1 holds, so lines asked for into L1 were gone again before their use. Against
 // asking into L1, in-process A/B (thirty-ninth session, Zen 4): BM_PagedAttentionSharedDecode
 // 1024/16/2/100 0.922x and 0.950x, 4096/16/2/100 0.963x and 0.969x; the 16-sequence decode
 // step 0.977x and 0.985x at 1K, 0.962x at 4K.
-template <typename QOf, typename RecOf>
+template <typename QOf, typename RecOf, typename LastLines>
 void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const Task& task,
                    int64_t hn, int64_t j_begin, int64_t j_end, const uint16_t* kbase,
                    const uint16_t* vbase, const QOf& q_of, const RecOf& rec_of,
-                   const std::vector<const void*>& side) {
+                   const std::vector<const void*>& side, const LastLines& last_lines) {
   const int64_t d = a.head_dim, stride = 2 + d, H = task.n_rows * hn, hs = (H + 15) / 16 * 16;
   struct Scratch {
     util::AlignedVector<float> rows, q, o, st, kt, vf, m, l, cmax, sums, rescale;
@@ -281,12 +282,15 @@ void AttendInLanes(const PagedAttentionArgs& a, const cpu::Primitives& p, const 
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyChunk) {
     const int64_t n = std::min(kKeyChunk, j_end - j0);
     int64_t n_lines = 0, n_next = 0;
+    auto add_line = [&](const void* l) {
+      if (n_lines < kMaxLines) lines[n_lines++] = l;
+    };
     if (j0 + kKeyChunk < j_end) {
       n_next = RunsOf(a, task.table, j0 + kKeyChunk, std::min(kKeyChunk, j_end - j0 - kKeyChunk),
                       next_runs);
-      ForEachLine(a, kbase, vbase, next_runs, n_next, [&](const void* l) {
-        if (n_lines < kMaxLines) lines[n_lines++] = l;
-      });
+      ForEachLine(a, kbase, vbase, next_runs, n_next, add_line);
+    } else {
+      last_lines(add_line);
     }
     StageK(a, p, kbase, runs, n_runs, ls.kt.data());
     for (int64_t r = 0; r < n_runs; ++r) {
@@ -703,13 +707,30 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         for (int64_t i = 0; lanes && i < task.n_rows; ++i) {
           lanes = std::min(kRange, keys_of[i] - j_begin) == units[u].keys;
         }
+        // For the item's last unit, in its last chunk: the first chunk of the thread's next
+        // item, which it claims now. That chunk was read cold before (a unit's first chunk has
+        // no predecessor to ask for it: at 4K, 8 a layer for one sequence, 24 for four).
+        // In-process A/B (forty-second session, Zen 3; the decode step, 48 steps of each),
+        // outside lanes: one sequence 0.968x at 1K and 4K, 0.942x at 8K; 4 sequences at 4K
+        // 0.952x and 0.948x; 16 sequences 1.007x at 1K, 0.976x at 4K. Lane units too
+        // (forty-third session, Zen 3, the 16-sequence decode step, 48 steps of each): 0.988x at
+        // 1K, 0.959x and 0.981x at 4K, 0.984x at 8K; BM_PagedAttentionPrefill 0.998-0.999x.
+        auto next_item_lines = [&](const auto& add) {
+          if (q + 1 != item[k + 1]) return;
+          if (k_next < 0) k_next = next_item.fetch_add(1);
+          if (k_next < n_items) {
+            const Unit& nu = units[seq[item[k_next]]];
+            const Task& nt = tasks[nu.task];
+            ForEachChunkLine(a, nt, nu, nt.s * kRange, add);
+          }
+        };
         if (lanes) {
           g_lane_units.fetch_add(1, std::memory_order_relaxed);
           const int64_t h0 = heads_of(kvh0).first;
           AttendInLanes(
               a, p, task, hn, j_begin, j_end, a.k + kvh0 * d * a.block_size, a.v + kvh0 * d,
               [&](int64_t i) { return q_of(i, h0); }, [&](int64_t i) { return rec_of(i, kvh0); },
-              side);
+              side, next_item_lines);
           continue;
         }
         if (pairs) {
@@ -755,21 +776,10 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           // (twenty-fourth session, Intel): 1024|4096/16/2/16|100 0.93-0.95x, 1024|4096/1/2/100
           // 0.88-0.89x.
           int64_t n_lines = 0, n_next = 0;
-          if (j0 + kKeyChunk >= j_end && q + 1 == item[k + 1]) {
-            // The item's last chunk asks for the first chunk of the thread's next item, which
-            // it claims now: that chunk was read cold before (a unit's first chunk has no
-            // predecessor to ask for it: at 4K, 8 a layer for one sequence, 24 for four).
-            // In-process A/B (forty-second session, Zen 3; the decode step, 48 steps of
-            // each): one sequence 0.968x at 1K and 4K, 0.942x at 8K; 4 sequences at 4K 0.952x
-            // and 0.948x; 16 sequences 1.007x at 1K, 0.976x at 4K.
-            if (k_next < 0) k_next = next_item.fetch_add(1);
-            if (k_next < n_items) {
-              const Unit& nu = units[seq[item[k_next]]];
-              const Task& nt = tasks[nu.task];
-              ForEachChunkLine(a, nt, nu, nt.s * kRange, [&](const void* l) {
-                if (n_lines < kMaxLines) lines[n_lines++] = l;
-              });
-            }
+          if (j0 + kKeyChunk >= j_end) {
+            next_item_lines([&](const void* l) {
+              if (n_lines < kMaxLines) lines[n_lines++] = l;
+            });
           }
           if (j0 + kKeyChunk < j_end) {
             n_next = RunsOf(a, task.table, j0 + kKeyChunk,
