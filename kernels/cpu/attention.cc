@@ -450,6 +450,30 @@ void PlanItems(const std::vector<Task>& tasks, const std::vector<Unit>& units, i
   item.push_back(static_cast<int64_t>(seq.size()));
 }
 
+// Whether one-row tasks of these key counts (in claiming order) finish sooner as units of all
+// kv_heads KV heads than as one unit per head, on n_threads threads each taking the next unit
+// when free. All heads together read each block as one stream (ForEachHeadsLine), taken here
+// as kAllHeadsCost of the per-head time, but in fewer, larger units, which can leave a thread
+// idle at the end. Zen 3, in-process A/B against per head (forty-third session):
+// BM_PagedAttentionSharedDecode/512/1/2/88 (a 512-key unit and an 88-key one) 1.16x if forced,
+// which this rule does not; 1536/1/2/100 0.94x if forced, which it does (at 0.85 it did not);
+// 1024/1/2/16|100 0.86x and 0.87x (another run 0.94x and 0.96x); one sequence's decode step
+// at 1K 0.918x and 0.953x (two runs, 48 steps of each).
+constexpr double kAllHeadsCost = 0.8;
+bool AllHeadsBalance(const std::vector<int64_t>& keys, int64_t kv_heads, int n_threads) {
+  thread_local std::vector<double> busy;
+  auto makespan = [&](int64_t per_unit, double cost) {
+    busy.assign(static_cast<size_t>(std::max(1, n_threads)), 0.0);
+    for (const int64_t k : keys) {
+      for (int64_t h = 0; h < kv_heads / per_unit; ++h) {
+        *std::min_element(busy.begin(), busy.end()) += cost * static_cast<double>(k * per_unit);
+      }
+    }
+    return *std::max_element(busy.begin(), busy.end());
+  };
+  return makespan(kv_heads, kAllHeadsCost) < makespan(1, 1.0);
+}
+
 // A query range entry of one sequence (PlanPagedAttention's sort).
 struct Entry {
   int64_t s, q, row0, row1;  // rows [row0, row1) of sequence q
@@ -468,6 +492,7 @@ struct PagedAttentionPlan::Impl {
   std::vector<Unit> units;
   std::vector<int64_t> seq, item;  // what threads claim (PlanItems)
   std::vector<Entry> entries;      // scratch of the planning
+  std::vector<int64_t> lone_keys;  // scratch: the one-row tasks' keys
 };
 
 PagedAttentionPlan::PagedAttentionPlan() = default;
@@ -583,16 +608,21 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   // Tasks differ in size (shared ranges, triangular prefill), so threads take them dynamically.
   // A unit is a task and KV heads [kvh0, kvh1): one head for a task of several rows (the
   // arithmetic, split over the threads); every head for a task of one row when there are enough
-  // such tasks to keep the threads busy: its chunks then read each block's K and V of all heads
+  // such tasks to keep the threads busy (4 a thread, or fewer where AllHeadsBalance finds the
+  // threads still evenly loaded): its chunks then read each block's K and V of all heads
   // (adjacent in the block) together, which the hardware prefetcher streams (one sequence
   // after 4K tokens, BM_PagedAttentionSharedDecode/4096/1: 3% to 40% faster, the more the
   // slower this shared machine's memory is at the time).
   std::vector<Unit>& units = pl.units;
   units.clear();
+  std::vector<int64_t>& lone_keys = pl.lone_keys;
+  lone_keys.clear();
+  for (const Task& t : tasks) {
+    if (t.n_rows == 1) lone_keys.push_back(KeysInRange(t, rows, n_keys));
+  }
   const bool all_heads =
-      a.block_size % 16 == 0 && std::count_if(tasks.begin(), tasks.end(), [](const Task& t) {
-                                  return t.n_rows == 1;
-                                }) >= 4 * n_threads;
+      a.block_size % 16 == 0 && (static_cast<int64_t>(lone_keys.size()) >= 4 * n_threads ||
+                                 AllHeadsBalance(lone_keys, a.n_kv_heads, n_threads));
   for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
     const int64_t keys = KeysInRange(tasks[t], rows, n_keys);
     if (tasks[t].n_rows == 1 && all_heads) {
