@@ -380,8 +380,7 @@ int64_t KeysInRange(const Task& t, const std::vector<int64_t>& rows,
   return keys;
 }
 
-// Appends the lines holding a unit's K and V (all of its keys and KV heads) to `lines`.
-// Calls f(line) for the lines of unit u's (task t's) chunk from key j0, for each of its KV heads.
+// Calls f(line) for the lines of unit u's (task t's) chunk from key j0, over its KV heads.
 template <typename F>
 void ForEachChunkLine(const PagedAttentionArgs& a, const Task& t, const Unit& u, int64_t j0, F f) {
   Run runs[kKeyChunk + 1];
@@ -390,6 +389,7 @@ void ForEachChunkLine(const PagedAttentionArgs& a, const Task& t, const Unit& u,
   ForEachHeadsLine(a, u.kvh0, u.kvh1, runs, n_runs, f);
 }
 
+// Appends the lines holding a unit's K and V (all of its keys and KV heads) to `lines`.
 void AppendUnitLines(const PagedAttentionArgs& a, const Task& t, const Unit& u,
                      std::vector<const void*>& lines) {
   for (int64_t j0 = t.s * kRange; j0 < t.s * kRange + u.keys; j0 += kKeyChunk) {
@@ -831,17 +831,15 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           // (twenty-fourth session, Intel): 1024|4096/16/2/16|100 0.93-0.95x, 1024|4096/1/2/100
           // 0.88-0.89x.
           int64_t n_lines = 0, n_next = 0;
-          if (j0 + kKeyChunk >= j_end) {
-            next_item_lines([&](const void* l) {
-              if (n_lines < kMaxLines) lines[n_lines++] = l;
-            });
-          }
+          auto add_line = [&](const void* l) {
+            if (n_lines < kMaxLines) lines[n_lines++] = l;
+          };
           if (j0 + kKeyChunk < j_end) {
             n_next = RunsOf(a, task.table, j0 + kKeyChunk,
                             std::min(kKeyChunk, j_end - j0 - kKeyChunk), next_runs);
-            ForEachHeadsLine(a, kvh0, kvh1, next_runs, n_next, [&](const void* l) {
-              if (n_lines < kMaxLines) lines[n_lines++] = l;
-            });
+            ForEachHeadsLine(a, kvh0, kvh1, next_runs, n_next, add_line);
+          } else {
+            next_item_lines(add_line);
           }
           // Row i of a pass asks for lines [i * n_lines / n_rows, (i + 1) * n_lines / n_rows),
           // the bound stepped as quotient and remainder (its two divisions per row were ~1.5% of
