@@ -492,6 +492,7 @@ struct PagedAttentionPlan::Impl {
   std::vector<Unit> units;
   std::vector<int64_t> seq, item;  // what threads claim (PlanItems)
   std::vector<Entry> entries;      // scratch of the planning
+  std::vector<int64_t> task_keys;  // scratch: each task's KeysInRange
   std::vector<int64_t> lone_keys;  // scratch: the one-row tasks' keys
 };
 
@@ -615,16 +616,19 @@ void PlanPagedAttention(const PagedAttentionArgs& a, int n_threads, PagedAttenti
   // slower this shared machine's memory is at the time).
   std::vector<Unit>& units = pl.units;
   units.clear();
+  std::vector<int64_t>& task_keys = pl.task_keys;
   std::vector<int64_t>& lone_keys = pl.lone_keys;
+  task_keys.clear();
   lone_keys.clear();
   for (const Task& t : tasks) {
-    if (t.n_rows == 1) lone_keys.push_back(KeysInRange(t, rows, n_keys));
+    task_keys.push_back(KeysInRange(t, rows, n_keys));
+    if (t.n_rows == 1) lone_keys.push_back(task_keys.back());
   }
   const bool all_heads =
       a.block_size % 16 == 0 && (static_cast<int64_t>(lone_keys.size()) >= 4 * n_threads ||
                                  AllHeadsBalance(lone_keys, a.n_kv_heads, n_threads));
   for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
-    const int64_t keys = KeysInRange(tasks[t], rows, n_keys);
+    const int64_t keys = task_keys[t];
     if (tasks[t].n_rows == 1 && all_heads) {
       units.push_back({t, 0, a.n_kv_heads, keys});
     } else {
