@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
@@ -51,10 +52,25 @@ struct HttpServer::Impl {
   std::mutex sessions_mu;
   std::set<std::shared_ptr<struct Session>> sessions;  // guarded by sessions_mu (io thread)
   bool shutting_down = false;                          // io thread
+  // Responses sent, by status code (kvmesh:http_responses_total). Only the io thread writes
+  // them; relaxed atomics so that a reader elsewhere (a test, a debugger) reads whole values.
+  std::array<std::atomic<int64_t>, 600> responses{};
 
   Impl(const HttpOptions& o, EngineLoop& l, const worker::Engine& e)
       : opts(o), loop(l), engine(e) {}
   void Accept();
+  void CountResponse(http::status status) {
+    const auto code = static_cast<size_t>(status);
+    if (code < responses.size()) responses[code].fetch_add(1, std::memory_order_relaxed);
+  }
+  ResponseCounts Responses() const {
+    ResponseCounts counts;
+    for (size_t code = 0; code < responses.size(); ++code) {
+      const int64_t n = responses[code].load(std::memory_order_relaxed);
+      if (n > 0) counts.emplace_back(static_cast<int>(code), n);
+    }
+    return counts;
+  }
 };
 
 struct Session : std::enable_shared_from_this<Session> {
@@ -128,6 +144,7 @@ struct Session : std::enable_shared_from_this<Session> {
 
   void Reply(http::status status, std::string body, bool keep_alive,
              const char* type = "application/json") {
+    srv.CountResponse(status);
     auto res = std::make_shared<http::response<http::string_body>>(status, 11);
     res->set(http::field::server, "kvmesh");
     res->set(http::field::content_type, type);
@@ -242,7 +259,8 @@ struct Session : std::enable_shared_from_this<Session> {
         return Reply(http::status::method_not_allowed, ErrorJson(405, "use GET"), keep);
       }
       if (target == "/metrics") {
-        return Reply(http::status::ok, PrometheusText(srv.loop.Snapshot(), srv.opts.model_name),
+        return Reply(http::status::ok,
+                     PrometheusText(srv.loop.Snapshot(), srv.opts.model_name, srv.Responses()),
                      keep, "text/plain; version=0.0.4; charset=utf-8");
       }
       if (target != "/v1/models" && target.substr(kModel.size()) != srv.opts.model_name) {
@@ -420,6 +438,7 @@ struct Session : std::enable_shared_from_this<Session> {
       // hangs up stops its generation (and frees its KV blocks).
       self->WatchForHangUp();
       if (!api->stream) return true;
+      self->srv.CountResponse(http::status::ok);
       self->Send(
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
           "Cache-Control: no-cache\r\nServer: kvmesh\r\n"

@@ -60,6 +60,14 @@ class Writer {
     out_ += StrCat(name, "_sum{", labels_, "} ", Num(h.sum()), "\n", name, "_count{", labels_, "} ",
                    h.count(), "\n");
   }
+  // One series per HTTP status code, labelled code="400".
+  void PerCode(const char* name, const char* help, const ResponseCounts& counts) {
+    if (counts.empty()) return;
+    out_ += StrCat("# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n");
+    for (const auto& [code, n] : counts) {
+      out_ += StrCat(name, "{", labels_, ",code=\"", code, "\"} ", n, "\n");
+    }
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -68,7 +76,8 @@ class Writer {
 
 }  // namespace
 
-std::string PrometheusText(const EngineSnapshot& s, const std::string& model_name) {
+std::string PrometheusText(const EngineSnapshot& s, const std::string& model_name,
+                           const ResponseCounts& http_responses) {
   Writer w(model_name);
   const serving::SchedulerStats& st = s.stats;
   w.Metric("kvmesh:num_requests_running", "gauge", "Requests in the running batch.", st.running);
@@ -96,7 +105,7 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
            "Requests ended by an error of the engine (a failed step).", st.failed);
   w.Metric("kvmesh:request_rejected_total", "counter",
            "Requests the scheduler refused at submission (queue full, larger than the KV pool, "
-           "invalid); not the API's own 4xx answers.",
+           "invalid); the API's own 4xx answers are in kvmesh:http_responses_total.",
            st.rejected);
   w.Metric("kvmesh:request_cancelled_total", "counter", "Requests cancelled.", st.cancelled);
   if (s.replicas.size() > 1) {  // under --dp only: where the router sent the requests
@@ -123,6 +132,9 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
               s.ttft);
   w.Histogram("kvmesh:inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);
   w.Histogram("kvmesh:e2e_request_latency_seconds", "Time from submission to completion.", s.e2e);
+  w.PerCode("kvmesh:http_responses_total",
+            "HTTP responses sent, by status code (a stream when its 200 header goes out).",
+            http_responses);
   return w.Take();
 }
 

@@ -42,6 +42,15 @@ def metric(name):
     sys.exit(f"FAIL: metric {name} missing")
 
 
+def http_responses(code):
+    """kvmesh:http_responses_total for one status code (0 before its first response)."""
+    for line in metrics_text().splitlines():
+        m = re.match(r'kvmesh:http_responses_total\{.*,code="(\d+)"\} (\S+)$', line)
+        if m and m.group(1) == code:
+            return float(m.group(2))
+    return 0.0
+
+
 def per_replica(name):
     """A per-replica metric (under --dp): its values by replica index."""
     got = {}
@@ -96,7 +105,9 @@ if mode == "main":
     r = json.loads(body)
     check("Paris" in r["choices"][0]["message"]["content"], f"answer: {body}")
     check(r["usage"]["prompt_tokens"] > 0 and r["choices"][0]["finish_reason"] == "stop", body)
-    # Streamed: the concatenated deltas equal the non-streamed text.
+    # Streamed: the concatenated deltas equal the non-streamed text; its 200 is counted (as is
+    # the scrape before it: a scrape counts once its answer has gone out).
+    ok_before = http_responses("200")
     code, body, hdrs = call("POST", "/v1/chat/completions",
                             chat([{"role": "user", "content": "What is the capital of France?"}],
                                  stream=True, stream_options={"include_usage": True}))
@@ -107,6 +118,8 @@ if mode == "main":
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     check(text == r["choices"][0]["message"]["content"], f"stream text {text!r}")
     check(chunks[-1]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"], "usage")
+    ok_after = http_responses("200")
+    check(ok_after == ok_before + 2, f"200s {ok_before} -> {ok_after}")
     # Log-probabilities: the greedy token is the most likely one; top alternatives descend.
     code, body, _ = call("POST", "/v1/chat/completions",
                          chat([{"role": "user", "content": "What is the capital of France?"}],
@@ -157,7 +170,8 @@ if mode == "main":
     check(cached[1] > 300 and cached[2] > cached[1], f"cached tokens per turn {cached}")
     check(hits[2] > hits[1] and hits[3] > hits[2], f"hit counter {hits}")
     check(metric("kvmesh:time_to_first_token_seconds_count") >= 6, "TTFT histogram")
-    # Malformed input: 4xx, and the server keeps serving.
+    # Malformed input: 4xx, and the server keeps serving; /metrics counts the answers by code.
+    answered = {c: http_responses(c) for c in ("400", "404")}
     for path, raw, want in [("/v1/chat/completions", b"{bad", 400),
                             ("/v1/chat/completions", b'{"messages": []}', 400),
                             ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400),
@@ -168,6 +182,9 @@ if mode == "main":
                             ("/v1/nothing", b"{}", 404)]:
         code, body, _ = call("POST", path, raw=raw)
         check(code == want and "error" in json.loads(body), f"{path} {raw!r}: {code} {body}")
+    now = {c: http_responses(c) for c in ("400", "404")}
+    check(now["400"] == answered["400"] + 7 and now["404"] == answered["404"] + 1,
+          f"http_responses_total by code {answered} -> {now}")
     # The context error in vLLM's words (clients match them to trim a conversation), its param.
     code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 8192})
     err = json.loads(body)["error"]

@@ -296,5 +296,18 @@ TEST(Metrics, DataParallelReplicasGetASeriesEach) {
             std::string::npos);
 }
 
+TEST(Metrics, HttpResponsesGetASeriesPerStatusCode) {
+  const EngineSnapshot s;
+  // No responses yet (or not the HTTP server's scrape): no family.
+  EXPECT_EQ(PrometheusText(s, "m").find("# TYPE kvmesh:http_responses_total"), std::string::npos);
+  const std::string t = PrometheusText(s, "m", {{200, 12}, {400, 7}, {429, 1}});
+  EXPECT_NE(t.find("# TYPE kvmesh:http_responses_total counter\n"
+                   "kvmesh:http_responses_total{model_name=\"m\",code=\"200\"} 12\n"
+                   "kvmesh:http_responses_total{model_name=\"m\",code=\"400\"} 7\n"
+                   "kvmesh:http_responses_total{model_name=\"m\",code=\"429\"} 1\n"),
+            std::string::npos)
+      << t;
+}
+
 }  // namespace
 }  // namespace kvmesh::server
