@@ -76,6 +76,9 @@ void EngineLoop::Publish() {
   for (int r = 0; r < engine_.replicas(); ++r) s.replicas.push_back(engine_.scheduler(r).stats());
   s.ttft = engine_.ttft_seconds();
   s.itl = engine_.itl_seconds();
+  s.queue = engine_.queue_seconds();
+  s.prefill = engine_.prefill_seconds();
+  s.decode = engine_.decode_seconds();
   s.e2e = e2e_;
   std::lock_guard<std::mutex> lock(mu_);
   s.stopping = stop_;

@@ -26,6 +26,9 @@ struct EngineSnapshot {
   serving::Histogram ttft{serving::LongLatencyBuckets()};
   serving::Histogram itl{serving::LatencyBuckets()};
   serving::Histogram e2e{serving::LongLatencyBuckets()};
+  serving::Histogram queue{serving::LongLatencyBuckets()};
+  serving::Histogram prefill{serving::LongLatencyBuckets()};
+  serving::Histogram decode{serving::LongLatencyBuckets()};
   bool stopping = false;
 };
 

@@ -132,6 +132,13 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
               s.ttft);
   w.Histogram("kvmesh:inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);
   w.Histogram("kvmesh:e2e_request_latency_seconds", "Time from submission to completion.", s.e2e);
+  w.Histogram("kvmesh:request_queue_time_seconds",
+              "Time from submission to first admission into the running batch.", s.queue);
+  w.Histogram("kvmesh:request_prefill_time_seconds",
+              "Time from first admission to the first token (with any preemption before it).",
+              s.prefill);
+  w.Histogram("kvmesh:request_decode_time_seconds",
+              "Time from the first token to completion, of requests that finished.", s.decode);
   w.PerCode("kvmesh:http_responses_total",
             "HTTP responses sent, by status code (a stream when its 200 header goes out).",
             http_responses);

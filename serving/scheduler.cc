@@ -49,7 +49,7 @@ struct Scheduler::Sequence {
   bool admitted_once = false;
   bool busy = false;  // in a step begun and not yet finished
   Completion done;
-  Clock::time_point submitted, last_token;
+  Clock::time_point submitted, admitted, first_token, last_token;
 
   Sequence(RequestId i, uint64_t a, Request r, Callbacks c)
       : id(i), arrival(a), req(std::move(r)), cb(std::move(c)), sampler(req.sampling) {}
@@ -100,6 +100,9 @@ Scheduler::Scheduler(const SchedulerOptions& opts, Runner runner)
       salt_(kvstore::CacheSalt(opts.cache_salt)),
       ttft_(LongLatencyBuckets()),
       itl_(LatencyBuckets()),
+      queue_(LongLatencyBuckets()),
+      prefill_(LongLatencyBuckets()),
+      decode_(LongLatencyBuckets()),
       preempt_rng_(opts.preempt_seed) {}
 
 // Every accepted request hears its end, even when the engine goes away first (steps still in
@@ -251,6 +254,9 @@ void Scheduler::Start(Sequence& s) {
     // Counted once per request, over its prompt: a preempted sequence's re-admission (its prompt
     // and the tokens it had generated) would count its own recomputation as queries and hits.
     s.admitted_once = true;
+    s.admitted = Clock::now();
+    s.done.queue_ms = Seconds(s.submitted, s.admitted) * 1e3;
+    queue_.Observe(Seconds(s.submitted, s.admitted));
     s.done.cached_tokens = s.computed;
     stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
     stats_.prefix_hit_tokens += s.computed;
@@ -458,8 +464,10 @@ void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reas
   }
   s.done.status = std::move(status);
   s.done.stop_reason = reason;
-  s.done.total_ms = Seconds(s.submitted, Clock::now()) * 1e3;
+  const Clock::time_point end = Clock::now();
+  s.done.total_ms = Seconds(s.submitted, end) * 1e3;
   if (s.done.status.ok()) ++stats_.finished;
+  if (s.done.status.ok() && s.generated() > 0) decode_.Observe(Seconds(s.first_token, end));
   if (!s.done.status.ok() && !absl::IsCancelled(s.done.status)) ++stats_.failed;
   // Take ownership before the callback: it may submit new requests.
   auto node = seqs_.extract(s.id);
@@ -599,6 +607,8 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_l
     if (s.generated() == 1) {
       s.done.ttft_ms = Seconds(s.submitted, now) * 1e3;
       ttft_.Observe(Seconds(s.submitted, now));
+      prefill_.Observe(Seconds(s.admitted, now));
+      s.first_token = now;
     } else {
       itl_.Observe(Seconds(s.last_token, now));
     }

@@ -78,6 +78,7 @@ struct Completion {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose KV was reused at admission
   int32_t preemptions = 0;
+  double queue_ms = 0;                  // submit to first admission into the running batch
   double ttft_ms = 0;                   // submit to first token
   double total_ms = 0;                  // submit to completion
   std::vector<float> first_logits;      // the prompt's last-position logits, if return_logits
@@ -172,6 +173,12 @@ class Scheduler {
   size_t announced_blocks() const { return queued_.size() + in_flight_.size(); }
   const Histogram& ttft_seconds() const { return ttft_; }
   const Histogram& itl_seconds() const { return itl_; }
+  // A request's time in three parts: submission to its first admission into the batch (queue),
+  // first admission to its first token (prefill, with any preemption before that token), and
+  // first token to a successful end (decode). queue + prefill is its TTFT.
+  const Histogram& queue_seconds() const { return queue_; }
+  const Histogram& prefill_seconds() const { return prefill_; }
+  const Histogram& decode_seconds() const { return decode_; }
   const kvstore::BlockManager& blocks() const { return blocks_; }
   // The preemption test hook (SchedulerOptions::preempt_probability), for end-to-end tests.
   void SetPreemptProbabilityForTesting(double p) { opts_.preempt_probability = p; }
@@ -220,7 +227,7 @@ class Scheduler {
   // many prompts hold each: KnownPrefixTokens.
   absl::flat_hash_map<kvstore::BlockHash, int32_t> queued_;
   SchedulerStats stats_;
-  Histogram ttft_, itl_;
+  Histogram ttft_, itl_, queue_, prefill_, decode_;
   std::mt19937_64 preempt_rng_;
   util::AlignedVector<float> logits_;  // starts on a cache line (the LM head writes it)
   std::vector<float> raw_logits_;      // a sampled row before the sampler adjusts it (logprobs)

@@ -229,6 +229,9 @@ Histogram ServingEngine::Merged(const Histogram& (Scheduler::*which)() const) co
 
 Histogram ServingEngine::ttft_seconds() const { return Merged(&Scheduler::ttft_seconds); }
 Histogram ServingEngine::itl_seconds() const { return Merged(&Scheduler::itl_seconds); }
+Histogram ServingEngine::queue_seconds() const { return Merged(&Scheduler::queue_seconds); }
+Histogram ServingEngine::prefill_seconds() const { return Merged(&Scheduler::prefill_seconds); }
+Histogram ServingEngine::decode_seconds() const { return Merged(&Scheduler::decode_seconds); }
 
 absl::Status ServingEngine::Drain() {
   absl::Status first;

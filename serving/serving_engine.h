@@ -68,6 +68,9 @@ class ServingEngine {
   SchedulerStats stats() const;
   Histogram ttft_seconds() const;
   Histogram itl_seconds() const;
+  Histogram queue_seconds() const;    // Scheduler::queue_seconds
+  Histogram prefill_seconds() const;  // Scheduler::prefill_seconds
+  Histogram decode_seconds() const;   // Scheduler::decode_seconds
   // Steps until no request is waiting or running. Returns the first failed step's status.
   absl::Status RunUntilIdle();
   // Finishes the pipelined steps in flight (their requests' callbacks run). Returns the first

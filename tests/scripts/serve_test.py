@@ -170,6 +170,10 @@ if mode == "main":
     check(cached[1] > 300 and cached[2] > cached[1], f"cached tokens per turn {cached}")
     check(hits[2] > hits[1] and hits[3] > hits[2], f"hit counter {hits}")
     check(metric("kvmesh:time_to_first_token_seconds_count") >= 6, "TTFT histogram")
+    # A request's first token ends its prefill: one observation each; every one was queued first.
+    ttft_n = metric("kvmesh:time_to_first_token_seconds_count")
+    check(metric("kvmesh:request_prefill_time_seconds_count") == ttft_n and
+          metric("kvmesh:request_queue_time_seconds_count") >= ttft_n, "queue / prefill histograms")
     # Malformed input: 4xx, and the server keeps serving; /metrics counts the answers by code.
     answered = {c: http_responses(c) for c in ("400", "404")}
     for path, raw, want in [("/v1/chat/completions", b"{bad", 400),

@@ -265,6 +265,13 @@ TEST(Metrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
             std::string::npos);
   EXPECT_NE(t.find("kvmesh:time_to_first_token_seconds_count{model_name=\"m\"} 2"),
             std::string::npos);
+  for (const char* h : {"request_queue_time_seconds", "request_prefill_time_seconds",
+                        "request_decode_time_seconds"}) {
+    EXPECT_NE(t.find(std::string("# TYPE kvmesh:") + h + " histogram\n"), std::string::npos) << h;
+    EXPECT_NE(t.find(std::string("kvmesh:") + h + "_count{model_name=\"m\"} 0\n"),
+              std::string::npos)
+        << h;
+  }
   // One replica: no per-replica series.
   EXPECT_EQ(t.find("kvmesh:replica_"), std::string::npos);
   s.replicas.resize(1);

@@ -112,7 +112,9 @@ struct Harness {
   // After every test: nothing referenced once sessions are dropped.
   void ExpectNoLeaks() {
     sched.DropSessions();
-    if (sched.idle()) EXPECT_EQ(sched.announced_blocks(), 0u);
+    if (sched.idle()) {
+      EXPECT_EQ(sched.announced_blocks(), 0u);
+    }
     EXPECT_EQ(sched.blocks().referenced(), 0);
     EXPECT_TRUE(sched.blocks().Consistent());
   }

@@ -227,8 +227,21 @@ TEST_P(Serving, BatchOfDifferentRequestsMatchesEachAlone) {
   const auto together = RunTogether(se, reqs);
   for (size_t i = 0; i < prompts.size(); ++i) ExpectSame(together[i], alone[i], prompts[i]);
   EXPECT_GT(se.scheduler().stats().steps, 0);
-  EXPECT_EQ(se.scheduler().ttft_seconds().count(), static_cast<int64_t>(prompts.size()));
-  EXPECT_GT(se.scheduler().itl_seconds().count(), 0);
+  const Scheduler& sched = se.scheduler();
+  const auto n = static_cast<int64_t>(prompts.size());
+  EXPECT_EQ(sched.ttft_seconds().count(), n);
+  EXPECT_GT(sched.itl_seconds().count(), 0);
+  // Each request's time in parts: queue + prefill is its TTFT; decode counts those that ended.
+  EXPECT_EQ(sched.queue_seconds().count(), n);
+  EXPECT_EQ(sched.prefill_seconds().count(), n);
+  EXPECT_EQ(sched.decode_seconds().count(), n);
+  EXPECT_NEAR(sched.queue_seconds().sum() + sched.prefill_seconds().sum(),
+              sched.ttft_seconds().sum(), 1e-6);
+  for (const Completion& c : together) {
+    EXPECT_GE(c.queue_ms, 0.0);
+    EXPECT_LE(c.queue_ms, c.ttft_ms);
+    EXPECT_LE(c.ttft_ms, c.total_ms);
+  }
   ExpectNoLeaks(se);
 }
 
