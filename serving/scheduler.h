@@ -78,7 +78,7 @@ struct Completion {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose KV was reused at admission
   int32_t preemptions = 0;
-  double queue_ms = 0;                  // submit to first admission into the running batch
+  double queue_ms = 0;                  // submit to first admission to the batch (0: never)
   double ttft_ms = 0;                   // submit to first token
   double total_ms = 0;                  // submit to completion
   std::vector<float> first_logits;      // the prompt's last-position logits, if return_logits
