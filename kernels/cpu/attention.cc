@@ -118,6 +118,15 @@ void ForEachLine(const PagedAttentionArgs& a, const uint16_t* kbase, const uint1
   }
 }
 
+// Where KV head kvh's K and V start in a layer's cache (a.k, a.v): K as head_dim rows of
+// block_size keys per head; V d elements per position (in bf16, 2 * d per pair of positions).
+const uint16_t* KBaseOf(const PagedAttentionArgs& a, int64_t kvh) {
+  return a.k + kvh * a.head_dim * a.block_size;
+}
+const uint16_t* VBaseOf(const PagedAttentionArgs& a, int64_t kvh) {
+  return a.v + (a.bf16 ? 2 : 1) * kvh * a.head_dim;
+}
+
 // ForEachLine for KV heads [kvh0, kvh1) of a chunk's runs. Where they are all of a block's
 // heads (fp16, V positions holding just those heads, K rows of a head at most a line), each
 // run's K and then its V are one span over every head, in address order: the same lines as head
@@ -139,7 +148,7 @@ void ForEachHeadsLine(const PagedAttentionArgs& a, int64_t kvh0, int64_t kvh1, c
     return;
   }
   for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
-    ForEachLine(a, a.k + kvh * d * a.block_size, a.v + (a.bf16 ? 2 : 1) * kvh * d, runs, n_runs, f);
+    ForEachLine(a, KBaseOf(a, kvh), VBaseOf(a, kvh), runs, n_runs, f);
   }
 }
 
@@ -787,7 +796,7 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           g_lane_units.fetch_add(1, std::memory_order_relaxed);
           const int64_t h0 = heads_of(kvh0).first;
           AttendInLanes(
-              a, p, task, hn, j_begin, j_end, a.k + kvh0 * d * a.block_size, a.v + kvh0 * d,
+              a, p, task, hn, j_begin, j_end, KBaseOf(a, kvh0), VBaseOf(a, kvh0),
               [&](int64_t i) { return q_of(i, h0); }, [&](int64_t i) { return rec_of(i, kvh0); },
               side, next_item_lines);
           continue;
@@ -806,9 +815,6 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
         auto pair_qp_of = [&](int64_t i) {
           return bf16 ? pair_qp.data() + i * hn * d / 2 : nullptr;
         };
-        auto kbase_of = [&](int64_t kvh) { return a.k + kvh * d * a.block_size; };
-        // A KV head's V: d elements per position; in bf16 pairs 2 * d per pair of positions.
-        auto vbase_of = [&](int64_t kvh) { return a.v + (bf16 ? 2 : 1) * kvh * d; };
         // The side lines, spread over the unit's row passes.
         int64_t passes = 0;
         for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
@@ -862,8 +868,8 @@ void PagedAttentionCpu(const PagedAttentionPlan& plan, const float* q, const uin
           for (int64_t kvh = kvh0; kvh < kvh1; ++kvh) {
             const auto [h0, h1] = heads_of(kvh);
             if (h1 <= h0) continue;
-            const uint16_t* kbase = kbase_of(kvh);
-            const uint16_t* vbase = vbase_of(kvh);
+            const uint16_t* kbase = KBaseOf(a, kvh);
+            const uint16_t* vbase = VBaseOf(a, kvh);
             ChunkKv kv;
             if (bf16) {
               // In place: the block's dim pairs of 16 keys from slot s at block + 2 * s (in
