@@ -255,8 +255,9 @@ void Scheduler::Start(Sequence& s) {
     // and the tokens it had generated) would count its own recomputation as queries and hits.
     s.admitted_once = true;
     s.admitted = Clock::now();
-    s.done.queue_ms = Seconds(s.submitted, s.admitted) * 1e3;
-    queue_.Observe(Seconds(s.submitted, s.admitted));
+    const double queued = Seconds(s.submitted, s.admitted);
+    s.done.queue_ms = queued * 1e3;
+    queue_.Observe(queued);
     s.done.cached_tokens = s.computed;
     stats_.prefix_query_tokens += static_cast<int64_t>(s.tokens.size());
     stats_.prefix_hit_tokens += s.computed;
@@ -605,8 +606,9 @@ absl::Status Scheduler::FinishStep(const absl::Status& s, std::span<float> all_l
     s.done.tokens.push_back(tok);
     ++stats_.generated_tokens;
     if (s.generated() == 1) {
-      s.done.ttft_ms = Seconds(s.submitted, now) * 1e3;
-      ttft_.Observe(Seconds(s.submitted, now));
+      const double ttft = Seconds(s.submitted, now);
+      s.done.ttft_ms = ttft * 1e3;
+      ttft_.Observe(ttft);
       prefill_.Observe(Seconds(s.admitted, now));
       s.first_token = now;
     } else {
