@@ -1,5 +1,6 @@
 // Internal: what the AVX2 table's files share (primitives_avx2.cc, the table and most of its
-// kernels; primitives_avx2_lanes.cc, attention with the query heads in vector lanes).
+// kernels; primitives_avx2_packed.cc, the packed products; primitives_avx2_lanes.cc, attention
+// with the query heads in vector lanes).
 #pragma once
 
 #include <immintrin.h>
@@ -68,6 +69,9 @@ struct Spread {
     }
   }
 };
+
+// Sets the table's packed products: packed_tile and packed_tile_a8.
+void SetAvx2PackedEntries(Primitives& d);
 
 // Sets the table's lane entries: qk_lanes, exp_lanes, pv_lanes, transpose_f32 and lane_heads.
 void SetAvx2LaneEntries(Primitives& d);
