@@ -222,7 +222,7 @@ struct Primitives {
   int64_t (*argmax)(const float* x, int64_t n) = nullptr;
 };
 
-// The vector exp (Exp8 in primitives_avx2.cc, Exp16 in primitives_avx512.h; the same bits):
+// The vector exp (Exp8 in primitives_avx2.h, Exp16 in primitives_avx512.h; the same bits):
 // x clamped to [kLo, kHi], n = round(x * kLog2e), r = x - n * kLn2Hi - n * kLn2Lo, exp(r) by the
 // polynomial kPoly (highest degree first, then r^2 * p + r + 1), times 2^n (Exp8 builds 2^n in
 // the exponent bits, Exp16 scales by it in one VSCALEFPS: one rounding of the same product, so
