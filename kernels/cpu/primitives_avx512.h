@@ -1,5 +1,6 @@
 // Internal: what the AVX-512 table's files share (primitives_avx512.cc, the table and most of
-// its kernels; primitives_avx512_lanes.cc, attention with the query heads in vector lanes).
+// its kernels; primitives_avx512_lanes.cc, attention with the query heads in vector lanes;
+// primitives_avx512_bf16.cc, bf16 attention).
 #pragma once
 
 #include <immintrin.h>
@@ -46,6 +47,17 @@ KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
   // multiply), in-process A/B: BM_PagedAttentionSharedDecode 1024|4096/16/2/16|100 0.988-0.991x.
   return _mm512_scalef_ps(p, n);
 }
+
+// Attention's passes (head_dim 64): pv keeps up to kMaxG heads' outputs in registers for the
+// whole chunk. Up to kWideG heads (several rows' heads: attention's pair_heads) run in one pass of
+// narrower tiles instead: q.k 12 heads x 2 vectors of 16 keys, p.v 12 heads over half of d. Each
+// K or V vector converted from fp16 then feeds twice the fused multiply-adds of a kMaxG pass. (24
+// heads x 1 vector was slower: GCC kept those tiles' accumulators on the stack.)
+constexpr int64_t kMaxG = 6;
+constexpr int64_t kWideG = 12;
+
+// Sets the table's bf16 attention entries: to_bf16, qk_bf16, pv_bf16 and pair_heads_bf16.
+void SetBf16Entries(Primitives& d);
 
 // Sets the table's lane entries: qk_lanes, exp_lanes, pv_lanes, transpose_f32 and lane_heads.
 void SetLaneEntries(Primitives& d);
