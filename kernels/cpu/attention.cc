@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <memory>
 #include <utility>
 #include <vector>
 
