@@ -1,6 +1,6 @@
 // Internal: what the AVX-512 table's files share (primitives_avx512.cc, the table and most of
-// its kernels; primitives_avx512_lanes.cc, attention with the query heads in vector lanes;
-// primitives_avx512_bf16.cc, bf16 attention).
+// its kernels; primitives_avx512_packed.cc, the packed products; primitives_avx512_lanes.cc,
+// attention with the query heads in vector lanes; primitives_avx512_bf16.cc, bf16 attention).
 #pragma once
 
 #include <immintrin.h>
@@ -55,6 +55,9 @@ KVMESH_AVX512 inline __m512 Exp16(__m512 x) {
 // heads x 1 vector was slower: GCC kept those tiles' accumulators on the stack.)
 constexpr int64_t kMaxG = 6;
 constexpr int64_t kWideG = 12;
+
+// Sets the table's packed products: packed_tile and packed_tile_a8.
+void SetPackedEntries(Primitives& d);
 
 // Sets the table's bf16 attention entries: to_bf16, qk_bf16, pv_bf16 and pair_heads_bf16.
 void SetBf16Entries(Primitives& d);
