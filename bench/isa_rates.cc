@@ -235,8 +235,8 @@ KVMESH_AVX2_LOOP(Avx2MaddwdBesideFma, KVMESH_W(8, 0) KVMESH_FMA(4) KVMESH_W(9, 1
 #undef KVMESH_FMA
 #undef KVMESH_W
 
-// One step of the AVX2 16-bit packed kernel (primitives_avx2_packed.cc PackedGroup4: 4 elements of 16
-// weight rows against 4 tokens, 256 multiply-adds): 16 bytes of nibbles zero-extended from
+// One step of the AVX2 16-bit packed kernel (primitives_avx2_packed.cc PackedGroup4: 4 elements
+// of 16 weight rows against 4 tokens, 256 multiply-adds): 16 bytes of nibbles zero-extended from
 // memory and split, then per token two broadcast activation pairs, each into two VPMADDWD +
 // VPADDD.
 #define KVMESH_UNPACK "vpmovzxbw 128(%[p]), %%ymm10\n\tvpmovzxbw 144(%[p]), %%ymm11\n\t"    \
