@@ -24,7 +24,7 @@
 // (AmxPassA8; the minimums, the pipeline and the stores shared) on the int8 values as they are:
 // one product and one C tile a block instead of two, B laid out from the 8-bit packing's
 // nibbles (WeightsAsBA8), the same scaling (PackedTileA8Reference's bits).
-// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
+// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.h).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"

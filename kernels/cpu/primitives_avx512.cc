@@ -1,13 +1,7 @@
 // AVX-512 (F, BW, VL, VNNI) versions of the integer dot primitives: one 512-bit register holds
 // a whole 32-element block as int16, so a block is one VPDPWSSD. The fp32 primitives reuse the
 // AVX2 versions (a head of 64 values fills 256-bit registers well).
-// GCC 12 reports its own intrinsics' `__m512 __Y = __Y;` placeholders as maybe uninitialized
-// (GCC bug 105593, fixed in 13) wherever they are inlined: hundreds of false warnings per build.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/primitives_avx512.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +9,6 @@
 #include <type_traits>
 
 #include "kernels/cpu/primitives.h"
-#include "kernels/cpu/primitives_avx512.h"
 #include "kernels/cpu/q6_k_groups.h"
 
 namespace kvmesh::kernels::cpu {

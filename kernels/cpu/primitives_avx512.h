@@ -3,7 +3,15 @@
 // attention with the query heads in vector lanes; primitives_avx512_bf16.cc, bf16 attention).
 #pragma once
 
+// GCC 12 reports its own intrinsics' `__m512 __Y = __Y;` placeholders as maybe uninitialized
+// (GCC bug 105593, fixed in 13) wherever they are inlined: hundreds of false warnings per build.
+// The state at the intrinsics' own lines is what counts, so this must be the translation unit's
+// first <immintrin.h>: the AVX-512 files include nothing that brings it before this header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstdint>
 

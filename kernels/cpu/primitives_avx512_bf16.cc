@@ -1,13 +1,7 @@
 // The AVX-512 table's bf16 attention (primitives.h to_bf16, qk_bf16, pv_bf16; the opt-in
 // --attention-bits 16): q.k and p.v over bf16 pairs with fused multiply-adds, or with VDPBF16PS
 // where the CPU has it and it gives the reference's bits.
-// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cpuid.h>
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cmath>

@@ -1,11 +1,5 @@
 // The AVX-512 table's attention entries with the query heads in vector lanes (primitives.h
 // qk_lanes, exp_lanes, pv_lanes, transpose_f32; engine.md "Attention").
-// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>

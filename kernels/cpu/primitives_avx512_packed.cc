@@ -2,13 +2,6 @@
 // 16-row groups against 16-bit activations (VPDPWSSD) and, for Q4_0 / Q4_1, 8-bit ones
 // (VPDPBUSD), the fp32 steps those of PackedTileReference and PackedTileA8Reference, lane for
 // lane (same bits).
-// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.cc).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
