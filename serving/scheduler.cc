@@ -467,8 +467,10 @@ void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reas
   s.done.stop_reason = reason;
   const Clock::time_point end = Clock::now();
   s.done.total_ms = Seconds(s.submitted, end) * 1e3;
-  if (s.done.status.ok()) ++stats_.finished;
-  if (s.done.status.ok() && s.generated() > 0) decode_.Observe(Seconds(s.first_token, end));
+  if (s.done.status.ok()) {
+    ++stats_.finished;
+    if (s.generated() > 0) decode_.Observe(Seconds(s.first_token, end));
+  }
   if (!s.done.status.ok() && !absl::IsCancelled(s.done.status)) ++stats_.failed;
   // Take ownership before the callback: it may submit new requests.
   auto node = seqs_.extract(s.id);
