@@ -335,7 +335,9 @@ std::string TinyKQuantModel(kernels::DType main, kernels::DType wide, const std:
   std::vector<float> embd(kVocab * kEmbd), ones(kEmbd, 1.0f);
   for (float& x : embd) x = normal(rng);
   std::vector<std::string> tokens;
-  for (int i = 0; i < kVocab; ++i) tokens.push_back("t" + std::to_string(i));
+  // Appended, not "t" + std::to_string(i): GCC 12 under C++20 warns falsely (-Wrestrict) on the
+  // operator+ that prepends a literal to a temporary string.
+  for (int i = 0; i < kVocab; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));
   testing::GgufBuilder b;
   b.Str("general.architecture", "llama")
       .Str("general.name", "tiny-" + name)
