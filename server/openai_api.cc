@@ -105,6 +105,34 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps, siz
           {"text_offset", offsets}};
 }
 
+// Bodies may nest arrays and objects this deep (OpenAI's requests need 4: a message's content
+// parts). The JSON library parses and frees without recursion but copies and compares
+// recursively, so a deeper body (a megabyte of '[') could overflow the io thread's stack.
+constexpr int kMaxJsonDepth = 64;
+
+// Whether `text` nests arrays and objects deeper than `limit`, brackets in strings not counted.
+// A scan, not a validation: the parser judges the rest.
+bool NestsDeeperThan(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 namespace {
@@ -134,6 +162,10 @@ absl::StatusOr<ApiRequest> ParseApiRequest(std::string_view body, bool chat,
 
 namespace {
 absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimits& limits) {
+  if (NestsDeeperThan(body, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        StrCat("request body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
+  }
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");

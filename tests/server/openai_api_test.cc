@@ -164,6 +164,32 @@ TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
   EXPECT_EQ(lp->top_logprobs, 0);
 }
 
+// A body of deeply nested arrays (~1 MB, under the body limit) in each field that takes an array
+// or an object: refused with 400. The JSON library parses and frees them without recursion, but
+// copies them recursively, and the parser copied the prompt, the stop list and a message's
+// content: a stack overflow that took the whole server down.
+TEST(OpenAiApi, RefusesBodiesNestedTooDeep) {
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  for (const auto& [chat, body] : std::vector<std::pair<bool, std::string>>{
+           {false, R"({"prompt": )" + deep + "}"},
+           {false, R"({"prompt": "x", "stop": )" + deep + "}"},
+           {true, R"({"messages": [{"role": "user", "content": )" + deep + "}]}"},
+           {false, R"({"prompt": "x", "extra": {"a": )" + deep + "}}"},
+       }) {
+    auto r = ParseApiRequest(body, chat, {});
+    ASSERT_FALSE(r.ok()) << body.substr(0, 40);
+    EXPECT_EQ(r.status().message(), "request body nests arrays and objects deeper than 64 levels");
+  }
+  // 64 levels are accepted (here as a field the parser ignores); brackets inside strings, and
+  // escaped quotes before them, are text, not nesting.
+  const std::string ok64 = std::string(63, '[') + std::string(63, ']');
+  EXPECT_TRUE(ParseApiRequest(R"({"prompt": "x", "extra": )" + ok64 + "}", false, {}).ok());
+  EXPECT_FALSE(ParseApiRequest(R"({"prompt": "x", "extra": [)" + ok64 + "]}", false, {}).ok());
+  auto text = ParseApiRequest(R"({"prompt": "\"\\)" + std::string(1000, '[') + "\"}", false, {});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->prompt.size(), 1002u);
+}
+
 TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   ApiRequest chat;
   chat.chat = true;
