@@ -21,7 +21,7 @@ namespace kvmesh::coordinator {
 int Serve(int argc, char** argv) {
   std::set<std::string> valued = LaunchFlagNames();
   valued.insert({"model", "host", "port", "api-key", "api-key-file", "max-body-bytes",
-                 "served-model-name", "config", "rpc-port", "rpc-frame-timeout"});
+                 "served-model-name", "config", "rpc-port", "rpc-frame-timeout", "http-timeout"});
   auto f = Flags::Parse(argc, argv, 2, valued,
                         {"print-plan", "no-prefix-reuse", "prefix-reuse", "no-rpc", "no-repack"});
   if (!f.ok()) return Fail(f.status());
@@ -59,6 +59,9 @@ int Serve(int argc, char** argv) {
   auto body = f->Int("max-body-bytes", 2 << 20, 1024, int64_t{1} << 30);
   if (!body.ok()) return Fail(body.status());
   ho.max_body_bytes = static_cast<size_t>(*body);
+  auto http_timeout = f->Int("http-timeout", 60, 1, 3600);
+  if (!http_timeout.ok()) return Fail(http_timeout.status());
+  ho.timeout_s = static_cast<int32_t>(*http_timeout);
   ho.model_name = f->String("served-model-name", ho.model_name);
   auto key = ApiKeyFromFlags(*f);
   if (!key.ok()) return Fail(key.status());

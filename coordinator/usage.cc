@@ -21,6 +21,8 @@ const char kUsage[] =
     "  serve     [--config FILE.yaml] [--host 127.0.0.1] [--port 8000]\n"
     "            [--api-key KEY | --api-key-file F]\n"
     "            [--max-body-bytes N] [--served-model-name NAME] [--prefix-reuse]\n"
+    "            [--http-timeout 60: seconds a client may take to send a request, or to\n"
+    "            take each write of its answer]\n"
     "            (over the config's enable_prefix_caching: false) + run's model and serving flags\n"
     "            OpenAI-compatible HTTP: /v1/completions /v1/chat/completions /v1/models\n"
     "            /health /metrics (under mpirun for --dp/--tp/--pp); cluster RPC on --rpc-port\n"

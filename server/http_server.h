@@ -24,6 +24,10 @@ struct HttpOptions {
   std::string api_key;   // empty: no authentication
   size_t max_body_bytes = 2 << 20;
   size_t max_header_bytes = 16 << 10;
+  // Seconds a client may take to send a request, and to take each write of a response; past it
+  // the connection closes and its generation is cancelled (a client that stops reading would
+  // otherwise hold its sequence, its KV blocks and its connection for good).
+  int32_t timeout_s = 60;
   std::string model_name = "smollm2-135m-instruct";
   // n's ceiling (choices of one prompt), at most what the waiting queue takes at once.
   int32_t max_choices = 16;

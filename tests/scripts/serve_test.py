@@ -1,7 +1,7 @@
 """End-to-end checks of `kvmesh serve` over a real loopback socket (run by serve_test.sh).
 
 usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload | choices |
-                                      reuse on|off | concurrent)
+                                      reuse on|off | concurrent | stalled-reader)
 """
 import json
 import os
@@ -571,3 +571,31 @@ elif mode == "concurrent":
         t.join()
     check(together == alone, f"concurrent answers differ: {together} vs {alone}")
     print(f"serve concurrent: {len(prompts)} requests at once = one at a time")
+
+elif mode == "stalled-reader":
+    # A client that sends a long streamed request and never reads (run by serve_test.sh in a
+    # network namespace with small TCP send buffers, against --http-timeout 2): once a write has
+    # waited 2 s, the connection closes and the generation is cancelled, and the server serves
+    # the next request. Without the write deadline it ran to its end, and the connection with its
+    # unsent bytes stayed open for good.
+    import socket, time, urllib.parse
+    u = urllib.parse.urlparse(base)
+    before = metric("kvmesh:request_cancelled_total")
+    body = json.dumps({"prompt": "Count:", "max_tokens": 4000, "ignore_eos": True,
+                       "stream": True, "logprobs": 20}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((u.hostname, u.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    t = time.time()
+    while time.time() - t < 60 and metric("kvmesh:request_cancelled_total") == before:
+        time.sleep(0.1)
+    waited = time.time() - t
+    check(metric("kvmesh:request_cancelled_total") == before + 1,
+          f"a stalled reader was not cancelled within {waited:.0f} s")
+    check(metric("kvmesh:num_requests_running") == 0, "still running after the cancel")
+    code, text, _ = call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    check(code == 200, f"after a stalled reader: {code} {text}")
+    s.close()
+    print(f"serve stalled reader: cancelled {waited:.1f} s after the request (--http-timeout 2)")

@@ -316,6 +316,32 @@ echo "serve rpc auth: the first frame must carry the key; frames before it are s
 python3 "$here/serve_test.py" "$url" limits s3cret || fail "limits"
 stop
 
+# A client that stops reading its stream: with --http-timeout 2 the connection closes and the
+# generation is cancelled once a write has waited 2 s. In a network namespace of the test's own
+# whose TCP send buffers hold at most 64 KiB (loopback's default, up to 4 MiB, takes minutes of
+# tokens to fill).
+if [[ "$(id -u)" != 0 ]] || ! unshare -n true 2>/dev/null || ! command -v ip >/dev/null; then
+  echo "serve stalled reader: SKIPPED: a network namespace needs root, unshare and ip (iproute2)"
+else
+  unshare -n bash -c '
+    set -u
+    ip link set lo up && echo "4096 16384 65536" >/proc/sys/net/ipv4/tcp_wmem || exit 1
+    "$1" serve --model "$2" --port 0 --no-rpc --threads 1 --http-timeout 2 >"$3/stalled.log" 2>&1 &
+    spid=$! port=""
+    for _ in $(seq 1 300); do
+      port="$(grep -o "http://127.0.0.1:[0-9]*" "$3/stalled.log" | head -n1 | sed "s/.*://")"
+      [[ -n "$port" ]] && break
+      sleep 0.1
+    done
+    [[ -n "$port" ]] || { kill -9 $spid; cat "$3/stalled.log"; exit 1; }
+    python3 "$4/serve_test.py" "http://127.0.0.1:$port" stalled-reader
+    rc=$?
+    kill -TERM $spid
+    wait $spid || rc=1
+    exit $rc
+  ' _ "$bin" "$model" "$work" "$here" || fail "a client that stops reading"
+fi
+
 # The overload settings from a YAML --config (vLLM's names); the command line's --port 0 wins
 # over the file's port.
 printf 'max_num_seqs: 1\nmax_waiting: 1\nenable_prefix_caching: false\nport: 1\nthreads: 1\n' >"$work/config.yaml"
