@@ -77,6 +77,8 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   bool read_paused = false;           // the client is not reading its replies
   asio::steady_timer frame_deadline;  // armed while a frame is partly received
   asio::steady_timer auth_deadline;   // with a key: the Auth frame must come within the timeout
+  asio::steady_timer write_deadline;  // armed while a write is pending
+  uint64_t writes = 0;                // writes begun (which one the write deadline is for)
   bool deadline_armed = false;
   uint64_t frames_in = 0;  // complete frames received
 
@@ -88,7 +90,8 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                     : std::min(s.opts.max_frame_bytes, kMaxFrameBytesBeforeAuth)),
         authed(s.opts.api_key.empty()),
         frame_deadline(s.io),
-        auth_deadline(s.io) {}
+        auth_deadline(s.io),
+        write_deadline(s.io) {}
 
   // Starts reading; with an API key, a client that has sent nothing within the frame timeout is
   // failed and closed (an idle connection would otherwise be held forever, at no cost to it).
@@ -169,8 +172,16 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       return;
     }
     writing = true;
+    // A client that takes none of a write's bytes for the frame timeout is gone: the connection
+    // closes and its requests are cancelled (else they ran on, their replies queued for good).
+    const uint64_t write = ++writes;
+    write_deadline.expires_after(srv.opts.frame_timeout);
+    write_deadline.async_wait([self = shared_from_this(), write](boost::system::error_code ec) {
+      if (!ec && self->writing && self->writes == write) self->Close();
+    });
     asio::async_write(sock, asio::buffer(out.front()),
                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        self->write_deadline.cancel();
                         if (ec) return self->Close();
                         self->out_bytes -= self->out.front().size();
                         self->out.pop_front();
@@ -201,6 +212,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     closed = true;
     frame_deadline.cancel();
     auth_deadline.cancel();
+    write_deadline.cancel();
     boost::system::error_code ignored;
     sock.shutdown(tcp::socket::shutdown_both, ignored);
     sock.close(ignored);

@@ -454,7 +454,9 @@ void Scheduler::RecordSession(Sequence& s) {
 }
 
 void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reason) {
-  if (status.ok()) RecordSession(s);
+  // A turn ended before it computed anything (waiting, or preempted) leaves its session as the
+  // previous turn left it.
+  if (status.ok() && s.computed > 0) RecordSession(s);
   Unqueue(s);
   ReleaseBlocks(s);
   if (auto it = std::find(running_.begin(), running_.end(), &s); it != running_.end()) {

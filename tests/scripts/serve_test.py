@@ -1,7 +1,7 @@
 """End-to-end checks of `kvmesh serve` over a real loopback socket (run by serve_test.sh).
 
 usage: serve_test.py BASE_URL MODE   (MODE: main | auth KEY | limits | overload | choices |
-                                      reuse on|off | concurrent | stalled-reader)
+                                      reuse on|off | concurrent | stalled-reader RPC_PORT)
 """
 import json
 import os
@@ -599,3 +599,25 @@ elif mode == "stalled-reader":
     check(code == 200, f"after a stalled reader: {code} {text}")
     s.close()
     print(f"serve stalled reader: cancelled {waited:.1f} s after the request (--http-timeout 2)")
+    # The same over the RPC (--rpc-frame-timeout 2), 8 generations on one connection that reads
+    # nothing: Frame{1: id, 3: GenerateRequest{1: "Count:", 3: 4000, 6: true}}.
+    import struct
+    before = metric("kvmesh:request_cancelled_total")
+    r = socket.socket()
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    r.connect((u.hostname, int(sys.argv[3])))
+    g = b"\x0a\x06Count:" + b"\x18\xa0\x1f" + b"\x30\x01"
+    for rid in range(1, 9):
+        f = b"\x08" + bytes([rid]) + b"\x1a" + bytes([len(g)]) + g
+        r.sendall(struct.pack("<I", len(f)) + f)
+    t = time.time()
+    while time.time() - t < 60 and metric("kvmesh:request_cancelled_total") < before + 8:
+        time.sleep(0.1)
+    waited = time.time() - t
+    check(metric("kvmesh:request_cancelled_total") == before + 8,
+          f"a stalled RPC reader's 8 generations: {metric('kvmesh:request_cancelled_total') - before}"
+          f" cancelled within {waited:.0f} s")
+    check(metric("kvmesh:num_requests_running") == 0, "still running after the RPC cancels")
+    r.close()
+    print(f"serve stalled reader: an RPC connection's 8 generations cancelled {waited:.1f} s after "
+          f"they were sent (--rpc-frame-timeout 2)")

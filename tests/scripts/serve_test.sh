@@ -316,25 +316,27 @@ echo "serve rpc auth: the first frame must carry the key; frames before it are s
 python3 "$here/serve_test.py" "$url" limits s3cret || fail "limits"
 stop
 
-# A client that stops reading its stream: with --http-timeout 2 the connection closes and the
-# generation is cancelled once a write has waited 2 s. In a network namespace of the test's own
-# whose TCP send buffers hold at most 64 KiB (loopback's default, up to 4 MiB, takes minutes of
-# tokens to fill).
+# A client that stops reading its stream, over HTTP (--http-timeout 2) and over the RPC
+# (--rpc-frame-timeout 2): the connection closes and its generations are cancelled once a write
+# has waited 2 s. In a network namespace of the test's own whose TCP send buffers hold 4 KiB
+# (loopback's default, up to 4 MiB, takes minutes of tokens to fill).
 if [[ "$(id -u)" != 0 ]] || ! unshare -n true 2>/dev/null || ! command -v ip >/dev/null; then
   echo "serve stalled reader: SKIPPED: a network namespace needs root, unshare and ip (iproute2)"
 else
   unshare -n bash -c '
     set -u
-    ip link set lo up && echo "4096 16384 65536" >/proc/sys/net/ipv4/tcp_wmem || exit 1
-    "$1" serve --model "$2" --port 0 --no-rpc --threads 1 --http-timeout 2 >"$3/stalled.log" 2>&1 &
-    spid=$! port=""
+    ip link set lo up && echo "4096 4096 4096" >/proc/sys/net/ipv4/tcp_wmem || exit 1
+    "$1" serve --model "$2" --port 0 --rpc-port 0 --threads 1 --http-timeout 2 \
+      --rpc-frame-timeout 2 >"$3/stalled.log" 2>&1 &
+    spid=$! port="" rpc=""
     for _ in $(seq 1 300); do
       port="$(grep -o "http://127.0.0.1:[0-9]*" "$3/stalled.log" | head -n1 | sed "s/.*://")"
-      [[ -n "$port" ]] && break
+      rpc="$(grep -o "RPC (kvmesh.v1) on 127.0.0.1:[0-9]*" "$3/stalled.log" | head -n1 | sed "s/.*://")"
+      [[ -n "$port" && -n "$rpc" ]] && break
       sleep 0.1
     done
-    [[ -n "$port" ]] || { kill -9 $spid; cat "$3/stalled.log"; exit 1; }
-    python3 "$4/serve_test.py" "http://127.0.0.1:$port" stalled-reader
+    [[ -n "$port" && -n "$rpc" ]] || { kill -9 $spid; cat "$3/stalled.log"; exit 1; }
+    python3 "$4/serve_test.py" "http://127.0.0.1:$port" stalled-reader "$rpc"
     rc=$?
     kill -TERM $spid
     wait $spid || rc=1

@@ -363,6 +363,30 @@ TEST(Scheduler, FinishEarlyEndsARequestAsFinished) {
   h.ExpectNoLeaks();
 }
 
+// A session turn ended before it computed anything (FinishEarly while it waits, or after a
+// preemption freed its blocks) leaves the session as the previous turn left it: recording the
+// turn's 0 computed tokens emptied the session and dropped its partial block, and the next turn
+// recomputed what the first had cached.
+TEST(Scheduler, FinishEarlyBeforeATurnComputesKeepsTheSession) {
+  Harness h({.n_blocks = 32, .block_size = 4});
+  auto conv = Tokens(9, 51);
+  const RequestId t1 = h.Submit(conv, 3, "s");
+  h.Drain();
+  const auto& a = h.done[t1].tokens;
+  conv.insert(conv.end(), a.begin(), a.end());  // 12 tokens, 11 computed: 2 blocks + 3
+  const RequestId t2 = h.Submit(conv, 2, "s");
+  EXPECT_TRUE(h.sched.FinishEarly(t2));  // before any step
+  h.Drain();
+  EXPECT_TRUE(h.done[t2].status.ok());
+  EXPECT_TRUE(h.done[t2].tokens.empty());
+  for (int32_t t : Tokens(3, 52)) conv.push_back(t);
+  const RequestId t3 = h.Submit(conv, 2, "s");
+  h.Drain();
+  EXPECT_EQ(h.done[t3].cached_tokens, 11) << "everything turn 1 computed, its tail included";
+  EXPECT_EQ(h.done[t3].tokens, Expected(conv, 2));
+  h.ExpectNoLeaks();
+}
+
 // A session dropped while its turn runs stays dropped: the finishing turn does not record it.
 TEST(Scheduler, DroppingASessionDuringItsTurnForgetsIt) {
   Harness h({.n_blocks = 32, .block_size = 4});
