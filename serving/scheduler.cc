@@ -333,6 +333,14 @@ bool Scheduler::DropOneSessionTail() {
   return true;
 }
 
+int64_t Scheduler::Room() const {
+  int64_t n = blocks_.available();
+  for (const auto& [id, ss] : sessions_) {
+    if (ss->tail >= 0 && blocks_.ref_count(ss->tail) == 1) ++n;
+  }
+  return n;
+}
+
 bool Scheduler::DropSession(const std::string& session_id) {
   // A turn still queued or running leaves the session too: finishing, it would record the
   // session again (and hold a block for it).
@@ -520,7 +528,7 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
     const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
                          static_cast<int64_t>(s.blocks.size()) + 1 +
                          (s.computed % opts_.block_size != 0 ? 1 : 0);
-    if (!running_.empty() && need + promised > blocks_.available()) {
+    if (!running_.empty() && need + promised > Room()) {
       ReleaseBlocks(s);
       break;
     }

@@ -210,6 +210,9 @@ class Scheduler {
   void RecordSession(Sequence& s);
   void DropSessionTail(Session& ss);
   bool DropOneSessionTail();
+  // Blocks an allocation can have without preempting: free and cached ones, and sessions'
+  // partial blocks no sequence shares (dropped first when the pool runs out).
+  int64_t Room() const;
 
   SchedulerOptions opts_;
   Runner runner_;

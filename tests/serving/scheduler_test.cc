@@ -387,6 +387,27 @@ TEST(Scheduler, FinishEarlyBeforeATurnComputesKeepsTheSession) {
   h.ExpectNoLeaks();
 }
 
+// Sessions' partial blocks that no sequence shares count as room at admission, since allocation
+// drops them before it preempts anything: with six sessions' tails in a pool of 8, two requests
+// of 3 blocks each start together (the second waited for the first to finish).
+TEST(Scheduler, AdmissionCountsSessionTailsAsRoom) {
+  Harness h({.n_blocks = 8, .block_size = 4});
+  for (int i = 0; i < 6; ++i) {
+    h.Submit(Tokens(5, 70 + i), 1, std::string("s").append(std::to_string(i)));  // a tail of 1
+    h.Drain();
+  }
+  EXPECT_EQ(h.sched.blocks().referenced(), 6) << "the six tails";
+  const auto a = Tokens(5, 80), b = Tokens(5, 81);
+  const RequestId ia = h.Submit(a, 2), ib = h.Submit(b, 2);
+  ASSERT_TRUE(h.sched.Step().ok());
+  EXPECT_EQ(h.sched.stats().running, 2);
+  h.Drain();
+  EXPECT_EQ(h.done[ia].tokens, Expected(a, 2));
+  EXPECT_EQ(h.done[ib].tokens, Expected(b, 2));
+  EXPECT_EQ(h.sched.stats().preemptions, 0);
+  h.ExpectNoLeaks();
+}
+
 // A session dropped while its turn runs stays dropped: the finishing turn does not record it.
 TEST(Scheduler, DroppingASessionDuringItsTurnForgetsIt) {
   Harness h({.n_blocks = 32, .block_size = 4});
