@@ -143,12 +143,12 @@ absl::Status EngineLoop::RunSteps() {
       c.submitted(sched.Submit(std::move(c.req), std::move(c.cb)));
     }
     if (stopping && std::chrono::steady_clock::now() >= deadline) {
-      // Out of time: whatever is left ends now (each request's on_done reports Cancelled).
-      sched.CancelAll();
+      // Out of time: whatever is left ends now (each request's on_done reports Unavailable).
+      sched.CancelAll(absl::UnavailableError("server shut down before the request finished"));
     }
     if (!sched.idle()) {
       if (auto s = sched.Step(); !s.ok()) {
-        sched.CancelAll();
+        sched.CancelAll(s);           // the failure ends the requests of later steps too
         sched.Drain().IgnoreError();  // steps in flight end their requests; s is the error
         Publish();
         return s;

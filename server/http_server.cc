@@ -540,11 +540,13 @@ struct Session : std::enable_shared_from_this<Session> {
             // A stream that has started reports the failure in it; before that (a choice
             // still waiting for its submission) the response is the error alone. Either
             // closes the connection, and Close cancels the other choices.
+            // Cut off by the shutdown's deadline: 503, as a request refused while shutting down.
+            const int code = absl::IsUnavailable(c.status) ? 503 : 500;
             if (!api->stream || !job->started) {
-              return self->Reply(http::status::internal_server_error,
-                                 ErrorJson(500, StatusText(c.status)), false);
+              return self->Reply(static_cast<http::status>(code),
+                                 ErrorJson(code, StatusText(c.status)), false);
             }
-            self->Send("data: " + ErrorJson(500, StatusText(c.status)) + "\n\n");
+            self->Send("data: " + ErrorJson(code, StatusText(c.status)) + "\n\n");
             return self->EndStream();
           }
           const std::string held = g.text.substr(std::min(g.sent, g.text.size()));

@@ -167,16 +167,18 @@ absl::StatusOr<RequestId> Scheduler::Submit(Request req, Callbacks callbacks) {
   return id;
 }
 
-bool Scheduler::Cancel(RequestId id) { return End(id, /*early=*/false); }
+bool Scheduler::Cancel(RequestId id) {
+  return End(id, /*early=*/false, absl::CancelledError("request cancelled"));
+}
 
-bool Scheduler::FinishEarly(RequestId id) { return End(id, /*early=*/true); }
+bool Scheduler::FinishEarly(RequestId id) { return End(id, /*early=*/true, absl::OkStatus()); }
 
-bool Scheduler::End(RequestId id, bool early) {
+bool Scheduler::End(RequestId id, bool early, const absl::Status& why) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
   // From a callback, or while a step in flight holds the sequence: end it after that step.
   if (in_step_ || it->second->busy) {
-    deferred_ends_.emplace_back(id, early);
+    deferred_ends_.push_back({id, early, why});
     return true;
   }
   if (early) {
@@ -184,20 +186,20 @@ bool Scheduler::End(RequestId id, bool early) {
     return true;
   }
   ++stats_.cancelled;
-  Finish(*it->second, absl::CancelledError("request cancelled"), "cancelled");
+  Finish(*it->second, why, "cancelled");
   return true;
 }
 
 void Scheduler::RunDeferredEnds() {
-  std::vector<std::pair<RequestId, bool>> ends;
+  std::vector<DeferredEnd> ends;
   ends.swap(deferred_ends_);
-  for (const auto& [id, early] : ends) End(id, early);
+  for (const DeferredEnd& e : ends) End(e.id, e.early, e.why);
 }
 
-void Scheduler::CancelAll() {
+void Scheduler::CancelAll(absl::Status why) {
   std::vector<RequestId> ids;
   for (const auto& [id, seq] : seqs_) ids.push_back(id);
-  for (RequestId id : ids) Cancel(id);
+  for (RequestId id : ids) End(id, /*early=*/false, why);
 }
 
 void Scheduler::Admit(Sequence& s) {

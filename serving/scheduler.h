@@ -144,8 +144,9 @@ class Scheduler {
   // as finished, not cancelled. False if unknown. Safe from a callback (then after the step).
   bool FinishEarly(RequestId id);
   // Cancels every waiting and running request (shutdown); those in a step in flight end when
-  // it finishes.
-  void CancelAll();
+  // it finishes. `why` is their completions' status (a drain's deadline passing is Unavailable,
+  // which the HTTP API answers 503).
+  void CancelAll(absl::Status why = absl::CancelledError("request cancelled"));
   // Plans and runs one step. OK and nothing done when idle. If the runner fails, every sequence
   // of the step completes with that error and it is returned (Unavailable: a rank is gone).
   absl::Status Step();
@@ -194,7 +195,8 @@ class Scheduler {
     Sequence* seq;
     int32_t chunk;
   };
-  bool End(RequestId id, bool early);  // Cancel (early false) and FinishEarly (true)
+  // Cancel (early false; the completion's status is `why`) and FinishEarly (true).
+  bool End(RequestId id, bool early, const absl::Status& why);
   void RunDeferredEnds();
   void Admit(Sequence& s);  // matches the cached prefix (acquires its blocks)
   void Start(Sequence& s);  // moves an admitted sequence into the running batch
@@ -237,7 +239,12 @@ class Scheduler {
   std::deque<std::vector<Scheduled>> steps_;  // begun and not finished, oldest first
   bool in_step_ = false;                      // sampling: callbacks are running
   // Cancel / FinishEarly calls made from callbacks or on sequences in flight: (id, early).
-  std::vector<std::pair<RequestId, bool>> deferred_ends_;
+  struct DeferredEnd {
+    RequestId id;
+    bool early;
+    absl::Status why;
+  };
+  std::vector<DeferredEnd> deferred_ends_;
 };
 
 }  // namespace kvmesh::serving

@@ -174,8 +174,8 @@ bool ServingEngine::idle() const {
   return true;
 }
 
-void ServingEngine::CancelAll() {
-  for (auto& s : schedulers_) s->CancelAll();
+void ServingEngine::CancelAll(absl::Status why) {
+  for (auto& s : schedulers_) s->CancelAll(why);
 }
 
 bool ServingEngine::DropSession(const std::string& session_id) {

@@ -60,7 +60,7 @@ class ServingEngine {
   bool FinishEarly(RequestId id);  // Scheduler::FinishEarly
   absl::Status Step();
   bool idle() const;
-  void CancelAll();
+  void CancelAll(absl::Status why = absl::CancelledError("request cancelled"));
   bool DropSession(const std::string& session_id);
   void DropSessions();
   void SetPreemptProbabilityForTesting(double p);
