@@ -397,11 +397,22 @@ bool Scheduler::EnsureBlocks(Sequence& s, int64_t end, worker::StepPlan& plan) {
     const size_t i = static_cast<size_t>(s.computed / bs);
     const BlockId shared = s.blocks[i];
     if (blocks_.ref_count(shared) > 1) {
-      const auto fresh = AllocateOrPreempt(s, self);
-      if (!fresh) return false;
-      plan.copies.emplace_back(shared, *fresh);
-      s.blocks[i] = *fresh;
-      blocks_.Release(shared);
+      // Out of blocks, sessions' partial blocks go first; if the other holder was a session,
+      // the block is s's alone then and is written in place (copying it preempted s, or a
+      // newer sequence, for nothing).
+      std::optional<BlockId> fresh;
+      while (!(fresh = blocks_.Allocate()) && blocks_.ref_count(shared) > 1 &&
+             DropOneSessionTail()) {
+      }
+      if (blocks_.ref_count(shared) > 1) {
+        if (!fresh) fresh = AllocateOrPreempt(s, self);
+        if (!fresh) return false;
+        plan.copies.emplace_back(shared, *fresh);
+        s.blocks[i] = *fresh;
+        blocks_.Release(shared);
+      } else if (fresh) {
+        blocks_.Release(*fresh);
+      }
     }
   }
   while (static_cast<int64_t>(s.blocks.size()) * bs < end) {

@@ -408,6 +408,25 @@ TEST(Scheduler, AdmissionCountsSessionTailsAsRoom) {
   h.ExpectNoLeaks();
 }
 
+// A session turn whose partial block only its session shares, in a pool with no block left:
+// the session's hold is dropped and the turn writes the block in place, where it had gone on to
+// copy it, found no block and preempted itself.
+TEST(Scheduler, FullPoolDropsTheSessionsHoldInsteadOfCopying) {
+  Harness h({.n_blocks = 2, .block_size = 4});
+  auto conv = Tokens(5, 90);
+  const RequestId t1 = h.Submit(conv, 2, "s");  // 6 computed: a full block and a tail of 2
+  h.Drain();
+  const auto& a = h.done[t1].tokens;
+  conv.insert(conv.end(), a.begin(), a.end());
+  conv.push_back(Tokens(1, 91)[0]);
+  const RequestId t2 = h.Submit(conv, 1, "s");
+  h.Drain();
+  EXPECT_EQ(h.done[t2].tokens, Expected(conv, 1));
+  EXPECT_EQ(h.done[t2].cached_tokens, 6);
+  EXPECT_EQ(h.sched.stats().preemptions, 0);
+  h.ExpectNoLeaks();
+}
+
 // A session dropped while its turn runs stays dropped: the finishing turn does not record it.
 TEST(Scheduler, DroppingASessionDuringItsTurnForgetsIt) {
   Harness h({.n_blocks = 32, .block_size = 4});
