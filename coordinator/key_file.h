@@ -14,6 +14,21 @@
 
 namespace kvmesh::coordinator {
 
+// A key an HTTP client can send: no control characters (a header cannot hold them) and no
+// space or tab at its ends (HTTP drops those from a header's value, so it would never match).
+inline absl::Status CheckKey(std::string_view key, std::string_view what) {
+  for (unsigned char c : key) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(StrCat(what, ": the key holds a control character"));
+    }
+  }
+  if (!key.empty() &&
+      (key.front() == ' ' || key.front() == '\t' || key.back() == ' ' || key.back() == '\t')) {
+    return absl::InvalidArgumentError(StrCat(what, ": the key begins or ends with a blank"));
+  }
+  return absl::OkStatus();
+}
+
 inline absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -36,6 +51,7 @@ inline absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
   }
   while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
   if (line.empty()) return absl::InvalidArgumentError("--api-key-file is empty");
+  if (auto s = CheckKey(line, "--api-key-file"); !s.ok()) return s;
   return line;
 }
 
@@ -52,6 +68,7 @@ inline absl::StatusOr<std::string> ApiKeyFromFlags(const Flags& f, std::string_v
   if (f.Has("api-key") && key.empty()) {
     return absl::InvalidArgumentError(StrCat(who, f.Spelling("api-key"), " is empty"));
   }
+  if (auto s = CheckKey(key, StrCat(who, f.Spelling("api-key"))); !s.ok()) return s;
   return key;
 }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "util/str_cat.h"
 
@@ -62,12 +63,19 @@ absl::StatusOr<std::map<std::string, std::string>> LoadServeConfig(const std::st
     if (!root.IsMap()) {
       return absl::InvalidArgumentError(StrCat("--config '", path, "': not a mapping of settings"));
     }
+    std::set<std::string> seen;
     for (const auto& kv : root) {
       const std::string name = kv.first.as<std::string>();
       auto it = Keys().find(name);
       if (it == Keys().end()) {
         return absl::InvalidArgumentError(
             StrCat("--config '", path, "': unknown setting '", name, "'"));
+      }
+      // YAML leaves a repeated key to the reader; which one wins would be a guess.
+      if (!seen.insert(name).second) {
+        return absl::InvalidArgumentError(StrCat("--config '", path, "': line ",
+                                                 kv.first.Mark().line + 1, ": '", name,
+                                                 "' is set twice"));
       }
       const YAML::Node& v = kv.second;
       if (!v.IsScalar()) {

@@ -1,5 +1,7 @@
 #include "worker/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -30,7 +32,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   }
   const int64_t train_ctx = e->model_->config().n_ctx_train;
   if (opts.ctx_size < 0) return absl::InvalidArgumentError("ctx_size must be >= 0");
-  e->ctx_size_ = opts.ctx_size == 0 ? train_ctx : std::min(opts.ctx_size, train_ctx);
+  if (opts.ctx_size > train_ctx) {  // vLLM refuses a max_model_len past the model's too
+    return absl::InvalidArgumentError(
+        StrCat("context size ", opts.ctx_size, " is more than the model's ", train_ctx, " tokens"));
+  }
+  e->ctx_size_ = opts.ctx_size == 0 ? train_ctx : opts.ctx_size;
   if (opts.threads < 0) return absl::InvalidArgumentError("threads must be >= 0");
   e->pool_ = std::make_unique<kernels::ThreadPool>(
       opts.threads == 0 ? kernels::ThreadPool::AvailableCpus() : opts.threads);
@@ -97,6 +103,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
                                      opts.block_size};
       max_block_bytes = std::max(max_block_bytes, bs.block_bytes());
     }
+  }
+  // The pool is mapped without reserving memory, so a size past the machine's would only fail
+  // once traffic had filled it (the kernel's OOM killer), not here.
+  const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (ram > 0 && opts.kv_cache_bytes > ram) {
+    return absl::InvalidArgumentError(StrCat("KV cache memory ", opts.kv_cache_bytes >> 20,
+                                             " MiB is more than this machine's ", ram >> 20,
+                                             " MiB"));
   }
   const int64_t n_blocks = opts.kv_cache_bytes / max_block_bytes;
   if (n_blocks < 1) {

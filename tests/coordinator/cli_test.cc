@@ -35,7 +35,7 @@ Result Kvmesh(const std::vector<std::string>& args) {
   const std::string dir = ::testing::TempDir() + "/kvmesh_cli_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::string cmd = KVMESH_BIN;
-  for (const auto& a : args) cmd += " " + Quote(a);
+  for (const auto& a : args) cmd.append(" ").append(Quote(a));  // not " " + ...: GCC 12 -Wrestrict
   cmd += " >" + dir + "/cli.out 2>" + dir + "/cli.err";
   const int st = std::system(cmd.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, testing::ReadFile(dir + "/cli.out"),
@@ -205,6 +205,21 @@ TEST(Cli, InvalidFlagsAndCommands) {
   ExpectOneLineError({"serve", "--config", ::testing::TempDir()}, "is a directory, not a file");
   // An empty key would turn authentication off.
   ExpectOneLineError({"serve", "--api-key", ""}, "--api-key is empty");
+  // A key no HTTP client can send (a header holds no control character, and loses the blanks
+  // at its ends) is refused, as it would refuse every request. (A missing model: were the key
+  // taken, the command fails there instead of serving.)
+  const std::string no_model = "/nonexistent/m.gguf";
+  ExpectOneLineError({"serve", "--model", no_model, "--api-key", " "},
+                     "--api-key: the key begins or ends with a blank");
+  ExpectOneLineError({"serve", "--model", no_model, "--api-key", "abc\r"},
+                     "--api-key: the key holds a control character");
+  ExpectOneLineError(
+      {"serve", "--model", no_model, "--api-key-file", WriteTemp("lead.key", " abc\n")},
+      "--api-key-file: the key begins or ends with a blank");
+  // YAML leaves a repeated key to the reader: refused, not a guess at which one wins (the last
+  // port here is out of range, so taking it fails too).
+  ExpectOneLineError({"serve", "--config", WriteTemp("c10.yaml", "port: 1\nport: 99999\n")},
+                     "line 2: 'port' is set twice");
   ExpectOneLineError({"serve", "--config", WriteTemp("c6.yaml", "api_key: \"\"\n")},
                      "'api_key' in --config '");
   // A key on the command line replaces the file's, in either form (not "give one, not both").
@@ -286,6 +301,13 @@ TEST(Cli, PromptLongerThanContext) {
   ExpectOneLineError({"run", "--model", model, "--ctx-size", "8", "--prompt",
                       "one two three four five six seven eight nine ten"},
                      "does not fit the context size 8");
+  // A context past the model's is refused, not cut to it without a word.
+  ExpectOneLineError({"run", "--model", model, "--ctx-size", "100000", "--prompt", "x"},
+                     "context size 100000 is more than the model's 8192 tokens");
+  // So is a KV pool past the machine's memory (mapped without reserving it, it would only fail
+  // once traffic filled it).
+  ExpectOneLineError({"run", "--model", model, "--kv-cache-mem", "1048576", "--prompt", "x"},
+                     "KV cache memory 1048576 MiB is more than this machine's");
 }
 
 TEST(Cli, RealModelCommands) {
