@@ -14,11 +14,11 @@
 
 namespace kvmesh::coordinator {
 
-// A key an HTTP client can send: no control characters (a header cannot hold them) and no
-// space or tab at its ends (HTTP drops those from a header's value, so it would never match).
+// A key an HTTP client can send: no control character but a tab (a header's value cannot hold
+// them) and no space or tab at its ends (HTTP drops those from a value, so it would never match).
 inline absl::Status CheckKey(std::string_view key, std::string_view what) {
   for (unsigned char c : key) {
-    if (c < 0x20 || c == 0x7f) {
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
       return absl::InvalidArgumentError(StrCat(what, ": the key holds a control character"));
     }
   }

@@ -222,8 +222,8 @@ struct Session : std::enable_shared_from_this<Session> {
     stream.expires_after(std::chrono::seconds(srv.opts.timeout_s));
     asio::async_write(stream, asio::buffer(out.front()),
                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                        // The client went away, or took nothing for the timeout: stop generating
-                        // for it.
+                        // The client went away, or did not take this write within the timeout:
+                        // stop generating for it.
                         if (ec) {
                           self->out.clear();
                           self->writing = false;
@@ -529,7 +529,11 @@ struct Session : std::enable_shared_from_this<Session> {
           if (g.stopped) {
             // Ended by a stop sequence: FinishEarly's OK completion, or a natural end that came
             // first; the tokens generated after the stop's are not the answer's.
-            if (absl::IsCancelled(c.status)) c.status = absl::OkStatus();  // e.g. the drain's end
+            // Its answer is whole: an end that came after the stop (a cancel, the drain's
+            // deadline) does not undo it.
+            if (absl::IsCancelled(c.status) || absl::IsUnavailable(c.status)) {
+              c.status = absl::OkStatus();
+            }
             c.stop_reason = "eos";
             c.tokens.resize(std::min<size_t>(c.tokens.size(), static_cast<size_t>(g.tokens)));
           } else {

@@ -172,7 +172,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       return;
     }
     writing = true;
-    // A client that takes none of a write's bytes for the frame timeout is gone: the connection
+    // A client that has not taken a frame within the frame timeout is gone: the connection
     // closes and its requests are cancelled (else they ran on, their replies queued for good).
     const uint64_t write = ++writes;
     write_deadline.expires_after(srv.opts.frame_timeout);

@@ -26,8 +26,8 @@ struct RpcOptions {
   int max_in_flight = 64;
   // A frame begun and not completed within this (no other frame completing meanwhile) fails
   // its connection (as the HTTP server's read timeout): a slow or stalled client cannot hold a
-  // partial frame's buffer forever. So does a write of replies that the client takes none of
-  // for this long (as the HTTP server's write timeout): its requests are cancelled.
+  // partial frame's buffer forever. So does a write of a reply frame that does not complete
+  // within it (as the HTTP server's write timeout): the connection's requests are cancelled.
   std::chrono::seconds frame_timeout{60};
   // The layout for ClusterStatus.
   int world = 1, tp = 1, pp = 1, dp = 1;

@@ -494,7 +494,8 @@ void Scheduler::Finish(Sequence& s, absl::Status status, const std::string& reas
     ++stats_.finished;
     if (s.generated() > 0) decode_.Observe(Seconds(s.first_token, end));
   }
-  if (!s.done.status.ok() && !absl::IsCancelled(s.done.status)) ++stats_.failed;
+  // Ended by Cancel or CancelAll (also with the drain's Unavailable): cancelled, not failed.
+  if (!s.done.status.ok() && reason != "cancelled") ++stats_.failed;
   // Take ownership before the callback: it may submit new requests.
   auto node = seqs_.extract(s.id);
   if (node.mapped()->cb.on_done) node.mapped()->cb.on_done(node.mapped()->done);

@@ -325,7 +325,9 @@ if [[ "$(id -u)" != 0 ]] || ! unshare -n true 2>/dev/null || ! command -v ip >/d
 else
   unshare -n bash -c '
     set -u
-    ip link set lo up && echo "4096 4096 4096" >/proc/sys/net/ipv4/tcp_wmem || exit 1
+    ip link set lo up || exit 1
+    # A read-only /proc/sys (a container): the check cannot run there.
+    { echo "4096 4096 4096" >/proc/sys/net/ipv4/tcp_wmem; } 2>/dev/null || exit 77
     "$1" serve --model "$2" --port 0 --rpc-port 0 --threads 1 --http-timeout 2 \
       --rpc-frame-timeout 2 >"$3/stalled.log" 2>&1 &
     spid=$! port="" rpc=""
@@ -341,7 +343,14 @@ else
     kill -TERM $spid
     wait $spid || rc=1
     exit $rc
-  ' _ "$bin" "$model" "$work" "$here" || fail "a client that stops reading"
+  ' _ "$bin" "$model" "$work" "$here"
+  rc=$?
+  if [[ $rc == 77 ]]; then
+    echo "serve stalled reader: SKIPPED: /proc/sys is read-only here (no TCP buffer sizes to set)"
+  elif [[ $rc != 0 ]]; then
+    tail -n 5 "$work/stalled.log" >&2
+    fail "a client that stops reading"
+  fi
 fi
 
 # The overload settings from a YAML --config (vLLM's names); the command line's --port 0 wins

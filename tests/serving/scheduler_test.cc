@@ -427,6 +427,21 @@ TEST(Scheduler, FullPoolDropsTheSessionsHoldInsteadOfCopying) {
   h.ExpectNoLeaks();
 }
 
+// CancelAll with a status (a drain's deadline: Unavailable) ends every request with it, and
+// counts them as cancelled, not as failed (an engine error).
+TEST(Scheduler, CancelAllWithAStatusCountsAsCancelled) {
+  Harness h({.n_blocks = 32, .block_size = 4});
+  const RequestId a = h.Submit(Tokens(6, 95), 8), b = h.Submit(Tokens(7, 96), 8);
+  ASSERT_TRUE(h.sched.Step().ok());
+  h.sched.CancelAll(absl::UnavailableError("shutting down"));
+  EXPECT_TRUE(absl::IsUnavailable(h.done[a].status)) << h.done[a].status;
+  EXPECT_TRUE(absl::IsUnavailable(h.done[b].status)) << h.done[b].status;
+  EXPECT_EQ(h.done[a].stop_reason, "cancelled");
+  EXPECT_EQ(h.sched.stats().cancelled, 2);
+  EXPECT_EQ(h.sched.stats().failed, 0);
+  h.ExpectNoLeaks();
+}
+
 // A session dropped while its turn runs stays dropped: the finishing turn does not record it.
 TEST(Scheduler, DroppingASessionDuringItsTurnForgetsIt) {
   Harness h({.n_blocks = 32, .block_size = 4});
