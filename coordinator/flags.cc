@@ -36,7 +36,7 @@ absl::StatusOr<Flags> Flags::Parse(int argc, char** argv, int first,
     if (boolean.count(name)) {
       if (has_value)
         return absl::InvalidArgumentError(StrCat("flag ", f.Spelling(name), " takes no value"));
-      f.values_[name] = "1";
+      f.values_[name] = std::string(1, '1');  // = "1" trips GCC 12's false -Wrestrict
       continue;
     }
     if (!valued.count(name)) return absl::InvalidArgumentError(StrCat("unknown flag --", name));

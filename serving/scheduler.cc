@@ -542,7 +542,8 @@ bool Scheduler::BeginStep(worker::StepPlan& plan) {
     const int64_t need = CeilDiv(static_cast<int64_t>(s.tokens.size()), opts_.block_size) -
                          static_cast<int64_t>(s.blocks.size()) + 1 +
                          (s.computed % opts_.block_size != 0 ? 1 : 0);
-    if (!running_.empty() && need + promised > Room()) {
+    // (Room() scans the sessions: only when the free and cached blocks fall short.)
+    if (!running_.empty() && need + promised > blocks_.available() && need + promised > Room()) {
       ReleaseBlocks(s);
       break;
     }
