@@ -26,7 +26,9 @@
 // nibbles (WeightsAsBA8), the same scaling (PackedTileA8Reference's bits).
 // GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.h).
 #pragma GCC diagnostic push
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cpuid.h>
 #include <immintrin.h>
