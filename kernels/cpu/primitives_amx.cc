@@ -24,21 +24,15 @@
 // (AmxPassA8; the minimums, the pipeline and the stores shared) on the int8 values as they are:
 // one product and one C tile a block instead of two, B laid out from the 8-bit packing's
 // nibbles (WeightsAsBA8), the same scaling (PackedTileA8Reference's bits).
-// GCC 12's false maybe-uninitialized in its AVX-512 intrinsics (bug 105593; primitives_avx512.h).
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cpuid.h>
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 
+// Before primitives.h: the first <immintrin.h> of this file, with its pragma.
+#include "kernels/cpu/avx512_intrinsics.h"
 #include "kernels/cpu/primitives.h"
 #include "kernels/packed.h"
 

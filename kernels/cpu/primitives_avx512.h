@@ -3,21 +3,10 @@
 // attention with the query heads in vector lanes; primitives_avx512_bf16.cc, bf16 attention).
 #pragma once
 
-// GCC 12 reports its own intrinsics' `__m512 __Y = __Y;` placeholders as maybe uninitialized
-// (GCC bug 105593, fixed in 13) wherever they are inlined: hundreds of false warnings per build.
-// The state at the intrinsics' own lines is what counts, so this must be the translation unit's
-// first <immintrin.h>: the AVX-512 files include nothing that brings it before this header.
-// Clang (the fuzzers' build) has no -Wmaybe-uninitialized and warns about the unknown group.
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cstdint>
 
+// Before primitives.h: the AVX-512 files bring <immintrin.h> first through this header.
+#include "kernels/cpu/avx512_intrinsics.h"
 #include "kernels/cpu/primitives.h"
 
 #define KVMESH_AVX512 \
