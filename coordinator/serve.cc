@@ -61,7 +61,7 @@ int Serve(int argc, char** argv) {
   ho.max_body_bytes = static_cast<size_t>(*body);
   auto http_timeout = f->Int("http-timeout", 60, 1, 3600);
   if (!http_timeout.ok()) return Fail(http_timeout.status());
-  ho.timeout_s = static_cast<int32_t>(*http_timeout);
+  ho.timeout = std::chrono::seconds(*http_timeout);
   ho.model_name = f->String("served-model-name", ho.model_name);
   auto key = ApiKeyFromFlags(*f);
   if (!key.ok()) return Fail(key.status());

@@ -95,7 +95,7 @@ struct Session : std::enable_shared_from_this<Session> {
     parser.emplace();
     parser->body_limit(srv.opts.max_body_bytes);
     parser->header_limit(static_cast<std::uint32_t>(srv.opts.max_header_bytes));
-    stream.expires_after(std::chrono::seconds(srv.opts.timeout_s));
+    stream.expires_after(srv.opts.timeout);
     reading = true;
     // The header first: a client that sent "Expect: 100-continue" waits for the interim reply
     // before it sends the body (curl does for bodies over 1 MB: ~1 s lost otherwise).
@@ -151,7 +151,7 @@ struct Session : std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive && !srv.shutting_down);
     res->body() = std::move(body);
     res->prepare_payload();
-    stream.expires_after(std::chrono::seconds(srv.opts.timeout_s));
+    stream.expires_after(srv.opts.timeout);
     http::async_write(stream, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
       if (ec || !res->keep_alive()) return self->Close();
       self->Read();
@@ -219,7 +219,7 @@ struct Session : std::enable_shared_from_this<Session> {
     }
     writing = true;
     // Each write has its deadline; between writes (waiting for tokens) there is none.
-    stream.expires_after(std::chrono::seconds(srv.opts.timeout_s));
+    stream.expires_after(srv.opts.timeout);
     asio::async_write(stream, asio::buffer(out.front()),
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         // The client went away, or did not take this write within the timeout:

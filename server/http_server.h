@@ -8,6 +8,7 @@
 // queue is answered 429 at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,7 +28,7 @@ struct HttpOptions {
   // Seconds a client may take to send a request, and to take each write of a response; past it
   // the connection closes and its generation is cancelled (a client that stops reading would
   // otherwise hold its sequence, its KV blocks and its connection for good).
-  int32_t timeout_s = 60;
+  std::chrono::seconds timeout{60};
   std::string model_name = "smollm2-135m-instruct";
   // n's ceiling (choices of one prompt), at most what the waiting queue takes at once.
   int32_t max_choices = 16;
