@@ -150,9 +150,9 @@ int BatchLeader(const Flags& f, serving::ServingEngine& se, serving::Request req
   std::cerr << "kvmesh: " << done.size() << " requests in " << st.steps << " steps; prefix cache "
             << st.prefix_hit_tokens << "/" << st.prefix_query_tokens << " prompt tokens; "
             << st.preemptions << " preemptions; KV blocks " << st.blocks_used << " used, "
-            << st.blocks_cached << " cached, " << st.blocks_total << " total; TTFT p50 "
-            << Fixed(se.ttft_seconds().Quantile(0.5) * 1e3) << " ms; " << st.generated_tokens
-            << " tokens generated in " << Fixed(wall_s * 1e3) << " ms ("
+            << st.blocks_cached << " cached, " << st.blocks_free << " free, " << st.blocks_total
+            << " total; TTFT p50 " << Fixed(se.ttft_seconds().Quantile(0.5) * 1e3) << " ms; "
+            << st.generated_tokens << " tokens generated in " << Fixed(wall_s * 1e3) << " ms ("
             << Fixed(static_cast<double>(st.generated_tokens) / wall_s) << " tokens/s)\n";
   return 0;
 }

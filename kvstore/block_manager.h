@@ -39,6 +39,8 @@ class BlockManager {
   int32_t available() const { return n_free_ + static_cast<int32_t>(lru_.size()); }
   int32_t referenced() const { return n_blocks() - available(); }
   int32_t cached() const { return static_cast<int32_t>(lru_.size()); }
+  // Blocks holding nothing (never named, or dropped): referenced + cached + unused = n_blocks.
+  int32_t unused() const { return n_free_; }
   int64_t evictions() const { return evictions_; }
 
   // A block with ref count 1 and no name, or nullopt when every block is referenced.

@@ -90,6 +90,7 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
            st.blocks_total);
   w.Metric("kvmesh:kv_cache_blocks_cached", "gauge",
            "Unreferenced KV blocks kept for prefix reuse.", st.blocks_cached);
+  w.Metric("kvmesh:kv_cache_blocks_free", "gauge", "KV blocks holding nothing.", st.blocks_free);
   w.Metric("kvmesh:prefix_cache_queries_total", "counter",
            "Prompt tokens looked up in the prefix cache.", st.prefix_query_tokens);
   w.Metric("kvmesh:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",

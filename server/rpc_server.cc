@@ -263,6 +263,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         c->set_blocks_total(st.blocks_total);
         c->set_blocks_used(st.blocks_used);
         c->set_blocks_cached(st.blocks_cached);
+        c->set_blocks_free(st.blocks_free);
         c->set_evictions(st.evictions);
         c->set_preemptions(st.preemptions);
         c->set_running(st.running);

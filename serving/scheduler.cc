@@ -673,7 +673,7 @@ SchedulerStats Scheduler::stats() const {
   st.blocks_total = blocks_.n_blocks();
   st.blocks_used = blocks_.referenced();
   st.blocks_cached = blocks_.cached();
-  st.blocks_free = blocks_.available();
+  st.blocks_free = blocks_.unused();
   st.evictions = blocks_.evictions();
   st.running = static_cast<int32_t>(running_.size());
   st.waiting = static_cast<int32_t>(waiting_.size());

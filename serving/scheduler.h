@@ -115,6 +115,7 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_hit_tokens = 0;    // of which found cached
+  // used (referenced) + cached (unreferenced, kept for reuse) + free (holding nothing) = total.
   int32_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_free = 0;
   int64_t evictions = 0, preemptions = 0, steps = 0;
   int64_t submitted = 0, finished = 0, rejected = 0, cancelled = 0, failed = 0;

@@ -117,6 +117,8 @@ struct Harness {
     }
     EXPECT_EQ(sched.blocks().referenced(), 0);
     EXPECT_TRUE(sched.blocks().Consistent());
+    const SchedulerStats st = sched.stats();
+    EXPECT_EQ(st.blocks_used + st.blocks_cached + st.blocks_free, st.blocks_total);
   }
 };
 
