@@ -28,6 +28,8 @@ absl::Status SamplingParams::Validate() const {
 
 namespace {
 
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
 // The first index of the largest logit (as std::max_element); a NaN logit is never chosen
 // (std::max_element's choice would depend on its position).
 int32_t ArgMax(std::span<const float> x) {
@@ -52,19 +54,30 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
   if (p_.temperature <= 0.0f) {
     return ArgMax(logits);
   }
+  // NaN counts as -inf, so it is never chosen. A +inf logit (a repeat penalty of 1e-40 can make
+  // one) holds all the mass: the choice is uniform among the +inf logits of the top k.
+  auto key = [&](int32_t i) { return std::isnan(logits[i]) ? -kInf : logits[i]; };
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   const int32_t k = (p_.top_k <= 0 || p_.top_k > n) ? n : p_.top_k;
   auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    if (key(a) != key(b)) return key(a) > key(b);
+    const bool nan_a = std::isnan(logits[a]), nan_b = std::isnan(logits[b]);
+    return nan_a != nan_b ? nan_b : a < b;  // among -inf, NaN last
   };
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
   idx.resize(k);
+  const float mx = key(idx[0]);
+  if (mx == kInf) {
+    const int32_t n_inf = static_cast<int32_t>(
+        std::count_if(idx.begin(), idx.end(), [&](int32_t i) { return key(i) == kInf; }));
+    return idx[std::uniform_int_distribution<int32_t>(0, n_inf - 1)(rng_)];
+  }
+  if (mx == -kInf) return idx[0];  // every logit -inf or NaN: nothing to weigh
   std::vector<double> prob(k);
-  const double mx = logits[idx[0]];
   double sum = 0.0;
   for (int32_t i = 0; i < k; ++i) {
-    prob[i] = std::exp((logits[idx[i]] - mx) / p_.temperature);
+    prob[i] = std::exp((static_cast<double>(key(idx[i])) - mx) / p_.temperature);
     sum += prob[i];
   }
   // Top-p: the smallest prefix (by probability) whose mass reaches top_p.

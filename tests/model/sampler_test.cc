@@ -110,6 +110,42 @@ TEST(Sampler, RepetitionPenaltyDemotesRecentTokens) {
   EXPECT_FLOAT_EQ(l[1], 1.5f);
 }
 
+// A tiny repeat penalty divides a positive logit into +inf; a broken model could give NaN. The
+// +inf logits hold all the mass and NaN is never drawn (it once made every weight NaN, and the
+// draw fell through to the last of the top k: the least likely token).
+TEST(Sampler, InfiniteLogitsTakeTheMassAndNanIsNeverDrawn) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.repeat_penalty = 1e-40f;
+  Sampler s(p);
+  const int32_t hist[] = {0};
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {5.0f, 4.0f, 1.0f, -3.0f, -9.0f};
+    ++seen[s.Sample(l, hist)];
+  }
+  EXPECT_EQ(seen, (std::map<int32_t, int>{{0, 200}}));  // 5 / 1e-40 = +inf
+  seen.clear();
+  p.repeat_penalty = 1.0f;
+  Sampler t(p);
+  for (int i = 0; i < 400; ++i) {
+    std::vector<float> l = {kNan, kInf, -2.0f, kInf, kNan};
+    ++seen[t.Sample(l, {})];
+  }
+  EXPECT_EQ(seen.size(), 2u);  // the two +inf, each about half the time
+  EXPECT_GT(seen[1], 100);
+  EXPECT_GT(seen[3], 100);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {kNan, 1.0f, kNan, 3.0f, kNan};
+    const int32_t got = t.Sample(l, {});
+    EXPECT_TRUE(got == 1 || got == 3) << got;
+  }
+  std::vector<float> none = {kNan, -kInf, kNan};
+  EXPECT_EQ(t.Sample(none, {}), 1);
+}
+
 TEST(Sampler, ValidateNamesTheBadField) {
   SamplingParams p;
   p.temperature = -1;
