@@ -39,8 +39,12 @@ struct PipelineStage {
 absl::StatusOr<PipelineStage> MakePipelineStage(const LlamaConfig& c, int stage, int n_stages);
 
 // InvalidArgument if the model cannot be split this way (tp larger than the query-head count,
-// or column slices of O / down that would cut a quantisation block).
+// or column slices of O / down that would cut a quantisation block). The checks are of the
+// layout, not of one rank's share: every rank of a group gets the same answer.
 absl::StatusOr<TpShard> MakeTpShard(const LlamaModel& m, int tp_rank, int tp_size);
+// InvalidArgument if any rank's query-head boundary, in columns of O (head_dim per head), is
+// not a multiple of O's quantisation block.
+absl::Status CheckHeadSplit(int64_t n_heads, int64_t head_dim, int64_t o_block, int tp_size);
 
 // The rank's views of layer l's weights: the same LlamaLayer shape, rows or columns sliced.
 LlamaLayer SliceLayer(const LlamaLayer& full, const LlamaConfig& c, const TpShard& s);

@@ -98,6 +98,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
     const auto stage_s = model::MakePipelineStage(c, s, opts.pp);
     for (int r = 0; r < tp_size; ++r) {
       const auto sh = model::MakeTpShard(*e->model_, r, tp_size);
+      if (!stage_s.ok()) return stage_s.status();
+      if (!sh.ok()) return sh.status();
       const kvstore::KvBlockShape bs{stage_s->layer_end - stage_s->layer_begin,
                                      sh->kv_head_end - sh->kv_head_begin, c.head_dim,
                                      opts.block_size};

@@ -155,5 +155,19 @@ TEST(PipelineStages, LastStageCountsTheLmHead) {
       std::string::npos);
 }
 
+// The head split is checked for every rank, so all ranks of a group refuse a layout together.
+// 32 heads of 64 over 9 ranks split 4,4,4,4,4,3,3,3,3: rank 0's columns [0, 256) fit 256-element
+// blocks, rank 5's end at 23 x 64 = 1472 does not (rank 0 once passed its own check, then
+// aborted reading rank 5's failed shard while sizing the KV blocks).
+TEST(HeadSplit, IsCheckedForEveryRankOfTheLayout) {
+  EXPECT_TRUE(CheckHeadSplit(32, 64, 256, 8).ok());
+  EXPECT_TRUE(CheckHeadSplit(9, 64, 32, 2).ok());  // SmolLM2's Q4_1 attn_output at tp = 2
+  const absl::Status s = CheckHeadSplit(32, 64, 256, 9);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "--tp 9: rank 5's query heads [20,23) cut attn_output's 256-element blocks at "
+            "column 1472");
+}
+
 }  // namespace
 }  // namespace kvmesh::model
