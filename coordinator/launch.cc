@@ -1,7 +1,10 @@
 #include "coordinator/launch.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/shm/shm_communicator.h"
@@ -64,6 +67,46 @@ absl::Status AgreeOnFailure(Launch& l, const absl::Status& mine) {
       !s.ok())
     return s;
   return absl::Status(l.rank == first ? mine.code() : absl::StatusCode::kAborted, msg.c_str());
+}
+
+// The settings every rank must share, as (name, value) pairs: what each rank sizes its KV pool,
+// splits its model and checks its plans by. Ranks that disagree would wait forever in a
+// collective or serve a plan another rank rejected, so they fail together instead.
+using Setup = std::vector<std::pair<std::string, std::string>>;
+
+// Every rank compares its setup with rank 0's; all print the first difference found by the
+// lowest differing rank (via AgreeOnFailure).
+absl::Status AgreeOnSetup(Launch& l, const Setup& mine) {
+  if (l.world_comm == nullptr || l.world == 1) return absl::OkStatus();
+  std::string text;
+  for (const auto& [name, value] : mine) text += StrCat(name, "\x1f", value, "\x1e");
+  uint64_t n = text.size();
+  if (auto s = l.world_comm->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof n}, 0); !s.ok()) {
+    return s;
+  }
+  std::string rank0 = l.rank == 0 ? text : std::string(n, '\0');
+  if (auto s = l.world_comm->Broadcast({reinterpret_cast<uint8_t*>(rank0.data()), n}, 0); !s.ok()) {
+    return s;
+  }
+  absl::Status differs;
+  size_t at = 0;
+  for (const auto& [name, value] : mine) {
+    const size_t sep = rank0.find('\x1f', at), end = rank0.find('\x1e', at);
+    const bool same = sep != std::string::npos && end != std::string::npos && sep < end &&
+                      rank0.compare(at, sep - at, name) == 0 &&
+                      rank0.compare(sep + 1, end - sep - 1, value) == 0;
+    if (!same) {
+      const std::string theirs =
+          sep != std::string::npos && end != std::string::npos && sep < end
+              ? StrCat(rank0.substr(at, sep - at), " ", rank0.substr(sep + 1, end - sep - 1))
+              : "something else";
+      differs = absl::InvalidArgumentError(
+          StrCat(name, " ", value, ", but rank 0 has ", theirs, " (every rank needs the same)"));
+      break;
+    }
+    at = end + 1;
+  }
+  return AgreeOnFailure(l, differs);
 }
 
 }  // namespace
@@ -141,6 +184,20 @@ absl::Status SetUp(const Flags& f, Launch& l) {
           StrCat("world size ", l.world, " does not match dp x pp x tp = ", *dp, " x ", *pp, " x ",
                  *tp, " (launch with mpirun -np ", *dp * per_replica, ")"));
     }
+    auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
+    if (!world_comm.ok()) return world_comm.status();
+    l.world_comm = std::move(*world_comm);
+    const Setup flags = {{"--tp", std::to_string(*tp)},
+                         {"--pp", std::to_string(*pp)},
+                         {"--dp", std::to_string(*dp)},
+                         {"--tp-collectives", collectives},
+                         {"--ctx-size", std::to_string(*ctx)},
+                         {"--kv-cache-mem", std::to_string(*kv_mem)},
+                         {"--block-size", std::to_string(*block_size)},
+                         {"--activation-bits", std::to_string(*act_bits)},
+                         {"--attention-bits", std::to_string(*attn_bits)},
+                         {"--no-repack", f.Has("no-repack") ? "set" : "unset"}};
+    if (auto s = AgreeOnSetup(l, flags); !s.ok()) return s;
     // Replica r is world ranks [r * pp * tp, (r + 1) * pp * tp). TP groups are the ranks of one
     // stage of one replica; the replica's communicator carries its steps and stage-to-stage
     // sends; the world carries the coordinator's plans to the other replicas' leaders.
@@ -161,9 +218,6 @@ absl::Status SetUp(const Flags& f, Launch& l) {
                                                     static_cast<int>(l.rank % per_replica));
     if (!replica_comm.ok()) return replica_comm.status();
     l.replica_comm = std::move(*replica_comm);
-    auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
-    if (!world_comm.ok()) return world_comm.status();
-    l.world_comm = std::move(*world_comm);
   }
   worker::EngineOptions o;
   o.model_path = ModelPath(f);
@@ -184,6 +238,12 @@ absl::Status SetUp(const Flags& f, Launch& l) {
   }
   if (auto s = AgreeOnFailure(l, st); !s.ok()) return s;
   l.engine = std::move(*e);
+  // The same flags can still give different engines: another model file, or another machine's
+  // RAM limit on --kv-cache-mem.
+  const Setup engine = {{"model and KV layout", l.engine->cache_salt()},
+                        {"KV blocks", std::to_string(l.engine->n_blocks())},
+                        {"vocabulary", std::to_string(l.engine->model().config().n_vocab)}};
+  if (auto s = AgreeOnSetup(l, engine); !s.ok()) return s;
   if (l.rank == 0) {
     for (int r = 1; r < l.dp; ++r) {
       l.remotes.push_back(std::make_unique<worker::RemoteReplica>(
@@ -219,9 +279,11 @@ absl::Status SetUp(const Flags& f, Launch& l) {
 int RunLaunched(Launch& l, const std::function<int()>& leader) {
   if (l.rank == 0) {
     const int rc = leader();
-    if (auto s = l.serving->StopReplicas(); !s.ok()) return Fail(s);
-    if (auto s = l.engine->StopFollowers(); !s.ok()) return Fail(s);
-    return rc;
+    // The followers are released even when a replica could not be: left in their broadcast,
+    // they would hold this rank in MPI_Finalize.
+    absl::Status s = l.serving->StopReplicas();
+    if (absl::Status f = l.engine->StopFollowers(); s.ok()) s = f;
+    return s.ok() ? rc : Fail(s);
   }
   if (l.engine->is_leader()) {  // the leader of another data-parallel replica
     if (auto s = worker::ServeReplica(*l.engine, l.world_comm.get(), 0); !s.ok()) return Fail(s);

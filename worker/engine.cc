@@ -146,13 +146,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opts
   return e;
 }
 
+absl::Status Engine::Validate(const StepPlan& plan) const {
+  return ValidateStepPlan(plan, arena_->n_blocks(), block_size(),
+                          static_cast<int32_t>(model_->config().n_vocab));
+}
+
 absl::Status Engine::Execute(const StepPlan& plan, std::span<float> logits,
                              std::unique_ptr<comm::PendingRecv>* logits_pending) {
-  if (auto s = ValidateStepPlan(plan, arena_->n_blocks(), block_size(),
-                                static_cast<int32_t>(model_->config().n_vocab));
-      !s.ok()) {
-    return s;
-  }
+  if (auto s = Validate(plan); !s.ok()) return s;
   for (const auto& [src, dst] : plan.copies) arena_->CopyBlock(src, dst);
   if (plan.seqs.empty()) return absl::OkStatus();
   return forward_->Forward(plan, *arena_, logits, logits_pending);
@@ -213,13 +214,14 @@ absl::Status Engine::ServeFollower() {
         !s.ok()) {
       return s;
     }
-    // A plan the leader rejects is rejected here too, before any collective, so the group stays
-    // in step: keep serving. A failed collective means a peer is gone.
+    // A plan the leader rejects is rejected here too, before any collective (the ranks agreed
+    // on their setup at launch, so they validate alike): the group stays in step, keep serving.
+    // Any other failure leaves this rank out of step with its group: end it.
     auto plan = DecodeStepPlan(words);
     if (!plan.ok()) continue;
+    if (!Validate(*plan).ok()) continue;
     logits.resize(plan->n_logits() * model_->config().n_vocab);
-    const absl::Status s = Execute(*plan, logits);
-    if (!s.ok() && s.code() == absl::StatusCode::kUnavailable) return s;
+    if (auto s = Execute(*plan, logits); !s.ok()) return s;
   }
 }
 

@@ -88,6 +88,9 @@ class Engine {
   // InvalidArgument for a malformed plan (rejected on every rank, the group stays in step);
   // Unavailable if a peer is gone.
   absl::Status Step(const StepPlan& plan, std::span<float> logits);
+  // The checks Step() makes of a plan before any collective: InvalidArgument if it names blocks,
+  // tokens or sizes this engine does not have.
+  absl::Status Validate(const StepPlan& plan) const;
 
   // Pipelined steps (the leader, pp > 1): StartStep broadcasts the plan and runs this rank's
   // stage, leaving the logits' receive from the last stage posted; FinishStep waits for the
@@ -102,7 +105,8 @@ class Engine {
   const model::TpShard& shard() const { return forward_->shard(); }
   bool is_leader() const { return world_ == nullptr || world_->rank() == 0; }
   int pipeline_stages() const { return pp_; }
-  // Followers: execute the leader's steps until it stops them. Blocks.
+  // Followers: execute the leader's steps until it stops them. Blocks. Returns the error of a
+  // step that failed after its plan was validated (the rank is out of step with its group).
   absl::Status ServeFollower();
   // Leader: releases the followers (they return from ServeFollower). Call once, at the end.
   absl::Status StopFollowers();

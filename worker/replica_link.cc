@@ -34,7 +34,10 @@ absl::Status RemoteReplica::Stop() {
   return world_->Send(AsFloats(stop), leader_, kTagPlanSize);
 }
 
-absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordinator) {
+namespace {
+
+// The coordinator's steps until it says stop (OK) or one fails.
+absl::Status ServeSteps(Engine& engine, comm::Communicator* world, int coordinator) {
   std::vector<int32_t> words;
   std::vector<float> logits;
   for (;;) {
@@ -43,7 +46,7 @@ absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordin
         !s.ok()) {
       return s;
     }
-    if (n < 0) return engine.StopFollowers();
+    if (n < 0) return absl::OkStatus();
     words.resize(n);
     if (auto s = world->Recv({reinterpret_cast<float*>(words.data()), words.size()}, coordinator,
                              kTagPlan);
@@ -54,14 +57,26 @@ absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordin
     if (!plan.ok())
       return absl::InternalError(StrCat("replica: bad plan: ", plan.status().message()));
     logits.assign(plan->n_logits() * engine.model().config().n_vocab, 0.0f);
-    // A rejected plan is rejected on the coordinator's side too (same validation); the logits
-    // (zeros) still go back so the exchange stays in step.
-    const absl::Status s = engine.Step(*plan, logits);
-    if (!s.ok() && s.code() == absl::StatusCode::kUnavailable) return s;
+    // A plan that fails validation is rejected on the coordinator's side too (the ranks agreed
+    // on their setup at launch); the logits (zeros) still go back so the exchange stays in
+    // step. Any other failure ends the replica.
+    if (engine.Validate(*plan).ok()) {
+      if (auto s = engine.Step(*plan, logits); !s.ok()) return s;
+    }
     if (!logits.empty()) {
       if (auto r = world->Send(logits, coordinator, kTagLogits); !r.ok()) return r;
     }
   }
+}
+
+}  // namespace
+
+absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordinator) {
+  const absl::Status s = ServeSteps(engine, world, coordinator);
+  // The replica's followers are released whether it was stopped or failed: left waiting in
+  // their broadcast, they would hold the job in MPI_Finalize.
+  const absl::Status f = engine.StopFollowers();
+  return s.ok() ? f : s;
 }
 
 }  // namespace kvmesh::worker

@@ -34,7 +34,7 @@ class RemoteReplica {
 };
 
 // On a replica leader (world rank != 0, replica-local rank 0): serves the coordinator's steps
-// until it says stop, then stops the replica's followers. Blocks.
+// until it says stop or a step fails, then stops the replica's followers. Blocks.
 absl::Status ServeReplica(Engine& engine, comm::Communicator* world, int coordinator);
 
 }  // namespace kvmesh::worker

@@ -2,8 +2,8 @@
 # Tensor and pipeline parallelism across MPI ranks on the real model: greedy tokens identical to
 # the single-process engine and last-position logits within 1e-3 relative L2, for tp = 1..4 with
 # pp = 1, pp = 2 with tp = 1 and tp x pp = 2 x 2; the launch errors (world size, tp > heads, a
-# rank that cannot read the model) reported on every rank with a non-zero exit; and a rank
-# killed mid-generation ends the job promptly.
+# rank that cannot read the model, ranks given different flags or model files) reported on every
+# rank with a non-zero exit; and a rank killed mid-generation ends the job promptly.
 # Usage: tp_test.sh KVMESH_BINARY
 set -uo pipefail
 bin="$1"
@@ -201,6 +201,15 @@ expect_all "rank 1: cannot open model file '/nonexistent/model.gguf'" 2 -- \
   "${mpi[@]}" -np 1 "$bin" run --tp 2 --model "$model" --prompt x : -np 1 "$bin" run --tp 2 --model /nonexistent/model.gguf --prompt x
 expect_all "world size 3 does not match dp x pp x tp = 1 x 2 x 2" 3 -- \
   "${mpi[@]}" -np 3 "$bin" run --tp 2 --pp 2 --model "$model" --prompt x
+# Ranks given different settings refuse to start together (they once hung in the first step's
+# all-reduce, or under dp served one replica's zero logits): a flag, then another model file.
+expect_all "rank 1: --kv-cache-mem 1, but rank 0 has --kv-cache-mem 64 (every rank needs the same)" 2 -- \
+  "${mpi[@]}" -np 1 "$bin" run --tp 2 --kv-cache-mem 64 --model "$model" --prompt x --threads 1 : \
+  -np 1 "$bin" run --tp 2 --kv-cache-mem 1 --model "$model" --prompt x --threads 1
+cp "$model" "$work/other.gguf" && head -c 64 /dev/zero >>"$work/other.gguf"
+expect_all "rank 1: model and KV layout model=" 2 -- \
+  "${mpi[@]}" -np 1 "$bin" run --dp 2 --model "$model" --prompt x --threads 1 : \
+  -np 1 "$bin" run --dp 2 --model "$work/other.gguf" --prompt x --threads 1
 
 # A rank killed mid-generation: the job ends within 30 s, naming the lost rank.
 "${mpi[@]}" -np 2 "$bin" run --tp 2 --model "$model" --threads 1 --temperature 0.9 --seed 1 \
