@@ -40,6 +40,17 @@ class Communicator {
   virtual absl::Status AllReduceSum(std::span<uint16_t> buf, HalfType type) = 0;
   // Copies root's bytes into every rank's buf (same length everywhere).
   virtual absl::Status Broadcast(std::span<uint8_t> buf, int root) = 0;
+  // Broadcast and Recv for a message that may be long in coming (a follower waiting for the
+  // leader's next step): they poll as the blocking calls do for a moment, then sleep between
+  // polls, so an idle rank does not hold a core. At most ~1 ms later than the blocking calls
+  // once the wait has lasted 50 ms; the same otherwise. Every rank of a broadcast must call the
+  // same one: MPI does not match a nonblocking collective with a blocking one.
+  virtual absl::Status BroadcastPatiently(std::span<uint8_t> buf, int root) {
+    return Broadcast(buf, root);
+  }
+  virtual absl::Status RecvPatiently(std::span<float> buf, int src, int tag) {
+    return Recv(buf, src, tag);
+  }
   virtual absl::Status Barrier() = 0;
   // Point to point (pipeline stages): blocks until `buf` is sent / filled. `tag` separates
   // streams; a Recv must match the Send's length.

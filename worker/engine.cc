@@ -167,8 +167,10 @@ absl::Status Engine::BroadcastPlan(const StepPlan& plan) {
   if (world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   // Header: the plan's length in words; then the plan.
   std::vector<int32_t> words = EncodeStepPlan(plan);
+  // The header goes as the followers take it (a nonblocking collective matches only its kind).
   int32_t n = static_cast<int32_t>(words.size());
-  if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0); !s.ok()) {
+  if (auto s = world_->BroadcastPatiently({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0);
+      !s.ok()) {
     return s;
   }
   return world_->Broadcast({reinterpret_cast<uint8_t*>(words.data()), words.size() * 4}, 0);
@@ -204,7 +206,8 @@ absl::Status Engine::ServeFollower() {
   std::vector<float> logits;
   for (;;) {
     int32_t n;
-    if (auto s = world_->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0); !s.ok()) {
+    if (auto s = world_->BroadcastPatiently({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0);
+        !s.ok()) {
       return s;
     }
     if (n == kStopWord) return absl::OkStatus();
@@ -228,7 +231,7 @@ absl::Status Engine::ServeFollower() {
 absl::Status Engine::StopFollowers() {
   if (world_ == nullptr || world_->size() == 1) return absl::OkStatus();
   int32_t n = kStopWord;
-  return world_->Broadcast({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0);
+  return world_->BroadcastPatiently({reinterpret_cast<uint8_t*>(&n), sizeof(n)}, 0);
 }
 
 absl::StatusOr<std::vector<int32_t>> Engine::ChatPrompt(const std::string& user_message) const {

@@ -42,7 +42,7 @@ absl::Status ServeSteps(Engine& engine, comm::Communicator* world, int coordinat
   std::vector<float> logits;
   for (;;) {
     int32_t n = 0;
-    if (auto s = world->Recv({reinterpret_cast<float*>(&n), 1}, coordinator, kTagPlanSize);
+    if (auto s = world->RecvPatiently({reinterpret_cast<float*>(&n), 1}, coordinator, kTagPlanSize);
         !s.ok()) {
       return s;
     }

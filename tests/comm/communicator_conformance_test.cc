@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -191,6 +193,38 @@ TEST_P(Conformance, RecvAsyncIsPostedBeforeTheSend) {
   for (float v : in) ASSERT_EQ(v, static_cast<float>(prev));
   // A receive that is never waited for is cancelled when dropped; the group stays usable.
   { auto dropped = c_->RecvAsync(in, prev, 10); }
+  EXPECT_TRUE(c_->Barrier().ok());
+}
+
+// The calls a follower waits in between steps: the same bytes as Broadcast / Recv, also when
+// the root comes late, past the MPI backend's spin (50 ms), so the wait has slept.
+TEST_P(Conformance, PatientCallsDeliverAfterALongWait) {
+  const int n = c_->size(), r = c_->rank();
+  for (int root = 0; root < n; ++root) {
+    std::vector<uint8_t> buf(4, static_cast<uint8_t>(r));
+    if (r == root) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(120));
+      std::iota(buf.begin(), buf.end(), static_cast<uint8_t>(10 + root));
+    }
+    ASSERT_TRUE(c_->BroadcastPatiently(buf, root).ok());
+    for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], static_cast<uint8_t>(10 + root + i));
+  }
+  std::vector<uint8_t> b(4);
+  EXPECT_EQ(c_->BroadcastPatiently(b, n).code(), absl::StatusCode::kInvalidArgument);
+  if (n == 1) return;
+  std::vector<float> out(3, static_cast<float>(r)), in(3, -1.0f);
+  if (r == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    ASSERT_TRUE(c_->Send(out, 1, 11).ok());
+  } else if (r == 1) {
+    ASSERT_TRUE(c_->RecvPatiently(in, 0, 11).ok());
+    for (float v : in) ASSERT_EQ(v, 0.0f);
+    ASSERT_TRUE(c_->Send(out, 0, 12).ok());
+  }
+  if (r == 0) {
+    std::vector<float> four(4);
+    EXPECT_EQ(c_->RecvPatiently(four, 1, 12).code(), absl::StatusCode::kInternal);
+  }
   EXPECT_TRUE(c_->Barrier().ok());
 }
 

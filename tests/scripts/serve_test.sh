@@ -2,7 +2,8 @@
 # `kvmesh serve` end to end on loopback: the OpenAI-compatible API (chat, streaming,
 # completions, sessions with the prefix-cache hit counter rising, malformed input), the official
 # `openai` Python client when installed, API keys, body limits, overload -> 429, and SIGTERM
-# shutdown (exit 0 within 30 s) for one process and for tp = 2 under mpirun.
+# shutdown (exit 0 within 30 s) for one process and for tp = 2 under mpirun, where the ranks
+# other than 0 rest while the server is idle.
 # Usage: serve_test.sh KVMESH_BINARY
 set -uo pipefail
 bin="$1"
@@ -40,6 +41,25 @@ rank0_of() {
     fi
   done
   fail "could not find rank 0 of '$1'"
+}
+
+# idle_ranks_rest PATTERN: the ranks other than 0 of an idle server use under a quarter of a
+# core over 2 s (followers waiting in a blocking MPI call once kept a core busy each).
+idle_ranks_rest() {
+  local p a b tck used n=0
+  tck="$(getconf CLK_TCK)"
+  sleep 1
+  for p in $(pgrep -f "$1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^OMPI_COMM_WORLD_RANK=[1-9]" || continue
+    n=$((n + 1))
+    a="$(awk '{print $14 + $15}' "/proc/$p/stat")"
+    sleep 2
+    b="$(awk '{print $14 + $15}' "/proc/$p/stat")"
+    used=$(( (b - a) * 100 / (2 * tck) ))
+    [[ $used -lt 25 ]] || fail "idle rank (pid $p of '$1') used ${used}% of a core over 2 s"
+    echo "idle rank of '$1': ${used}% of a core over 2 s"
+  done
+  [[ $n -ge 1 ]] || fail "no rank other than 0 of '$1' found"
 }
 
 # stop [PID]: SIGTERM to PID (default: the server), then the server must exit 0 within 30 s.
@@ -381,6 +401,7 @@ assert s['world'] == 2 and s['tp'] == 2 and [r['role'] for r in s['ranks']] == [
 print('serve rpc tp=2 status:', [r['shard'] for r in s['ranks']])" || fail "tp=2 cluster status"
   # Under mpirun the coordinator (rank 0) takes SIGTERM (as every rank does under Slurm's
   # scancel; workers ignore it and stop when rank 0 has drained); mpirun then exits 0.
+  idle_ranks_rest "kvmesh serve --tp 2"
   r0="$(rank0_of "kvmesh serve --tp 2")" || exit 1
   stop "$r0"
   echo "serve tp=2: same API under mpirun, clean SIGTERM"
@@ -392,6 +413,7 @@ s = json.load(sys.stdin)
 assert s['dp'] == 2 and [r['role'] for r in s['ranks']] == ['coordinator+worker', 'replica-leader+worker'], s" ||
     fail "dp=2 cluster status"
   SERVE_TEST_DP=2 python3 "$here/serve_test.py" "$url" main || fail "dp=2 main"
+  idle_ranks_rest "kvmesh serve --dp 2"
   r0="$(rank0_of "kvmesh serve --dp 2")" || exit 1
   stop "$r0"
   echo "serve dp=2: two replicas behind one API, clean SIGTERM"
