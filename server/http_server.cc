@@ -293,7 +293,7 @@ struct Session : std::enable_shared_from_this<Session> {
   void Generate(const std::string& body, bool chat, bool keep) {
     auto parsed = ParseApiRequest(
         body, chat,
-        {srv.engine.ctx_size(), srv.engine.tokenizer().vocab_size(), srv.opts.max_choices});
+        {.vocab_size = srv.engine.tokenizer().vocab_size(), .max_choices = srv.opts.max_choices});
     if (!parsed.ok()) {
       return Reply(http::status::bad_request,
                    ErrorJson(400, StatusText(parsed.status()), ParamOf(parsed.status())), false);

@@ -1,10 +1,13 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/cord.h"
 #include "util/random_seed.h"
 #include "util/str_cat.h"
+#include "util/utf8.h"
 
 namespace kvmesh::server {
 
@@ -67,6 +70,17 @@ json Bytes(const std::string& s) {
   return b;
 }
 
+// A token as completions' logprobs name it: its text, or where that is not whole UTF-8 (a byte
+// of a character split over tokens) "bytes:" and each byte as \xHH, as OpenAI's legacy API
+// does. As text such tokens all became U+FFFD, so a top_logprobs object had one key for all.
+std::string TokenKey(const std::string& token) {
+  if (ValidUtf8(token) == token) return token;
+  std::string key = "bytes:";
+  constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned char c : token) key += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+  return key;
+}
+
 // OpenAI's logprobs object: {"content": [...]} for chat, parallel arrays for completions (their
 // text_offset counted on from `offset`).
 json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps, size_t offset = 0) {
@@ -89,11 +103,11 @@ json LogprobsJson(const ApiRequest& req, const std::vector<ApiLogprob>& lps, siz
   json tokens = json::array(), token_lps = json::array(), tops = json::array(),
        offsets = json::array();
   for (const ApiLogprob& lp : lps) {
-    tokens.push_back(lp.token);
+    tokens.push_back(TokenKey(lp.token));
     token_lps.push_back(lp.logprob);
     json top = json::object();
     for (size_t i = 0; i < lp.top.size() && i < static_cast<size_t>(req.top_logprobs); ++i) {
-      top[lp.top[i].first] = lp.top[i].second;
+      top[TokenKey(lp.top[i].first)] = lp.top[i].second;
     }
     tops.push_back(top);
     offsets.push_back(offset);
@@ -185,13 +199,17 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
         return Bad("messages", "entries need a string 'role'");
       }
-      const std::string role = m["role"];
+      std::string role = m["role"];
+      if (role == "developer") role = "system";  // OpenAI's newer name for system messages
       if (role != "system" && role != "user" && role != "assistant") {
-        return Bad("messages", StrCat("role '", role, "' is not system, user or assistant"));
+        return Bad("messages",
+                   StrCat("role '", role, "' is not system, developer, user or assistant"));
       }
       std::string content;
       const json& c = m.contains("content") ? m["content"] : json();
-      if (c.is_string()) {
+      if (c.is_null() && role == "assistant") {
+        // OpenAI lets an assistant turn carry no content (one that called tools): empty here.
+      } else if (c.is_string()) {
         content = c.get<std::string>();
       } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...], joined by newlines
         for (const json& part : c) {
@@ -244,16 +262,18 @@ absl::StatusOr<ApiRequest> Parse(std::string_view body, bool chat, const ApiLimi
     r.logprobs = k >= 0;
     r.top_logprobs = std::max(k, 0);
   }
-  // Both are checked; max_completion_tokens, where given (not null), wins.
-  const double max_context = static_cast<double>(limits.max_context);
+  // Both are checked; max_completion_tokens, where given (not null), wins. Past the context
+  // is refused later, in vLLM's words (the context less the prompt: http_server.cc).
   for (const char* f : {"max_tokens", "max_completion_tokens"}) {
     if (auto it = j.find(f); it == j.end() || it->is_null()) continue;
     int32_t v = 0;
-    if (auto s = Number(j, f, 1, max_context, v); !s.ok()) return s;
+    if (auto s = Number(j, f, 1, std::numeric_limits<int32_t>::max(), v); !s.ok()) return s;
     r.max_tokens = v;
   }
   if (auto s = Number(j, "temperature", 0.0, 2.0, r.sampling.temperature); !s.ok()) return s;
-  if (auto s = Number(j, "top_p", 1e-6, 1.0, r.sampling.top_p); !s.ok()) return s;
+  // OpenAI's range is [0, 1]; 0 keeps only the most likely token, as the smallest nucleus does.
+  if (auto s = Number(j, "top_p", 0.0, 1.0, r.sampling.top_p); !s.ok()) return s;
+  r.sampling.top_p = std::max(r.sampling.top_p, std::numeric_limits<float>::min());
   if (auto s = Number(j, "top_k", -1, 1 << 20, r.sampling.top_k); !s.ok()) return s;
   if (auto s = Number(j, "repetition_penalty", 0.01, 100.0, r.sampling.repeat_penalty); !s.ok()) {
     return s;

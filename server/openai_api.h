@@ -16,8 +16,6 @@
 namespace kvmesh::server {
 
 struct ApiLimits {
-  int64_t max_context =
-      8192;                  // the engine's context: max_tokens <= context - prompt (checked later)
   int64_t vocab_size = 0;    // a prompt's token ids must be below it (0: any id >= 0)
   int32_t max_choices = 16;  // n's ceiling: each choice is a sequence of its own
 };

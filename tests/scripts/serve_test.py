@@ -194,6 +194,12 @@ if mode == "main":
     err = json.loads(body)["error"]
     check(code == 400 and err["message"].startswith("This model's maximum context length is 8192")
           and err["param"] == "prompt", f"context error: {body}")
+    # Also for a max_tokens far past the context (it was refused as out of a range).
+    code, body, _ = call("POST", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000})
+    err = json.loads(body)["error"]
+    check(code == 400 and err["message"].startswith("This model's maximum context length is 8192")
+          and err["param"] == "messages", f"context error past the context: {body}")
     code, body, _ = call("POST", "/v1/completions", {"prompt": "x", "n": 0})
     check(json.loads(body)["error"]["param"] == "n", f"param of a bad field: {body}")
     # Only the served model: another is 404 (vLLM's message), the served one is echoed.

@@ -75,6 +75,30 @@ TEST(OpenAiApi, ParsesChatWithDefaultsAndExtensions) {
   EXPECT_TRUE(v.ok()) << v.status();
 }
 
+// What OpenAI accepts and kvmesh once refused with a 400: the "developer" role (its newer name
+// for system), an assistant turn with null content (one that called tools), top_p 0, and a
+// max_tokens past the context (refused later, in vLLM's words, by the context check).
+TEST(OpenAiApi, AcceptsWhatOpenAiAccepts) {
+  auto r = ParseApiRequest(
+      R"({"messages": [{"role": "developer", "content": "be brief"},
+          {"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
+          {"role": "user", "content": "again"}], "top_p": 0, "max_tokens": 100000})",
+      true, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0].role, "system");
+  EXPECT_EQ(r->messages[2].role, "assistant");
+  EXPECT_EQ(r->messages[2].content, "");
+  EXPECT_GT(r->sampling.top_p, 0.0f);  // the smallest nucleus: the most likely token alone
+  EXPECT_LT(r->sampling.top_p, 1e-30f);
+  EXPECT_TRUE(r->sampling.Validate().ok());
+  EXPECT_EQ(r->max_tokens, 100000);
+  // Only an assistant turn may be empty.
+  auto u = ParseApiRequest(R"({"messages": [{"role": "user", "content": null}]})", true, {});
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(std::string(u.status().message()).find("content must be"), std::string::npos);
+}
+
 TEST(OpenAiApi, RejectsMalformedBodiesNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "not valid JSON"},
@@ -241,6 +265,16 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   const json o = json::parse(StreamChunk(cmpl, "id3", 5, "ab", "", false, &ctl, 0).substr(6));
   EXPECT_EQ(o["choices"][0]["logprobs"]["text_offset"], json::array({0, 1, 1}));
   EXPECT_EQ(o["choices"][0]["logprobs"]["tokens"][1], "<|im_end|>");
+  // Tokens that are not whole UTF-8 (bytes of one emoji) are named by their bytes, so the
+  // alternatives keep one key each (as U+FFFD they shared one, and JSON parsers kept the last).
+  ApiRequest top2 = cmpl;
+  top2.top_logprobs = 2;
+  const std::vector<ApiLogprob> split = {
+      {"\xF0\x9F", -0.1f, {{"\xF0\x9F", -0.1f}, {"\xE2\x9C", -2.5f}}}};
+  const json b = json::parse(StreamChunk(top2, "id4", 5, "", "", false, &split, 0).substr(6));
+  EXPECT_EQ(b["choices"][0]["logprobs"]["tokens"][0], "bytes:\\xf0\\x9f");
+  EXPECT_EQ(b["choices"][0]["logprobs"]["top_logprobs"][0],
+            json({{"bytes:\\xf0\\x9f", -0.1f}, {"bytes:\\xe2\\x9c", -2.5f}}));
   // The models list and a model object; a name that needs escaping stays valid JSON.
   const json list = json::parse(ModelsJson("a\"b", 8192, true));
   EXPECT_EQ(list["object"], "list");
