@@ -1,6 +1,57 @@
 #include "model/chat_template.h"
 
+#include <string>
+#include <string_view>
+
 namespace kvmesh::model {
+
+namespace {
+
+// Whether `text` holds Jinja rather than literal text: a tag, or a string literal being joined
+// (`' + messages[0]['content'] + '`).
+bool LooksLikeJinja(std::string_view text) {
+  if (text.find("{{") != text.npos || text.find("{%") != text.npos) return true;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '+') continue;
+    size_t l = i, r = i + 1;
+    while (l > 0 && text[l - 1] == ' ') --l;
+    while (r < text.size() && text[r] == ' ') ++r;
+    const auto quote = [](char c) { return c == '\'' || c == '"'; };
+    if ((l > 0 && quote(text[l - 1])) || (r < text.size() && quote(text[r]))) return true;
+  }
+  return false;
+}
+
+// The default system message a ChatML template writes when the conversation has none: the
+// literal text of its '<|im_start|>system' turn, with the newline after the role written as
+// one or, inside a Jinja string, as the two characters '\n' (then the string's escapes are
+// undone). Empty when there is none, or when that turn's text is built from the messages.
+std::string DefaultSystem(std::string_view tmpl) {
+  for (const bool escaped : {false, true}) {
+    const std::string_view start = escaped ? "<|im_start|>system\\n" : "<|im_start|>system\n";
+    const size_t at = tmpl.find(start);
+    if (at == tmpl.npos) continue;
+    const size_t b = at + start.size();
+    const size_t e = tmpl.find("<|im_end|>", b);
+    if (e == tmpl.npos) return "";
+    std::string text(tmpl.substr(b, e - b));
+    if (LooksLikeJinja(text)) return "";
+    if (!escaped) return text;
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] != '\\' || i + 1 == text.size()) {
+        out += text[i];
+        continue;
+      }
+      const char c = text[++i];
+      out += c == 'n' ? '\n' : c == 't' ? '\t' : c;  // \\ \' \" stand for themselves
+    }
+    return out;
+  }
+  return "";
+}
+
+}  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& f) {
   auto tmpl = f.GetString("tokenizer.chat_template");
@@ -11,14 +62,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& f) {
         "tokenizer.chat_template: only ChatML templates are supported");
   }
   ChatTemplate t;
-  // The default system turn appears literally as '<|im_start|>system\n...<|im_end|>'.
-  constexpr std::string_view kSys = "<|im_start|>system\n";
-  const size_t at = tmpl->find(kSys);
-  if (at != std::string_view::npos) {
-    const size_t b = at + kSys.size();
-    const size_t e = tmpl->find("<|im_end|>", b);
-    if (e != std::string_view::npos) t.default_system_ = std::string(tmpl->substr(b, e - b));
-  }
+  t.default_system_ = DefaultSystem(*tmpl);
   return t;
 }
 

@@ -84,6 +84,34 @@ TEST_F(RealTokenizer, ChatTemplateInsertsDefaultSystemMessage) {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
 
+// The default system message is the literal text of the template's system turn, not Jinja
+// that builds it from the messages (whose fragment was once sent as a system turn), and is
+// found also where the template writes the newline as the two characters \n.
+TEST(ChatTemplate, DefaultSystemIsLiteralTextOnly) {
+  auto default_of = [](const std::string& tmpl) -> std::string {
+    testing::GgufBuilder b;
+    b.Str("tokenizer.chat_template", tmpl);
+    const std::string bytes = b.Build();
+    auto f = GgufFile::FromBytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    if (!f.ok()) return "not a GGUF file";
+    auto t = ChatTemplate::FromGguf(**f);
+    return t.ok() ? t->default_system() : std::string(t.status().message());
+  };
+  EXPECT_EQ(default_of("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nBe kind."
+                       "<|im_end|>\n' }}{% endif %}"),
+            "Be kind.");
+  EXPECT_EQ(default_of("{% if messages[0]['role']=='system' %}{{ '<|im_start|>system\n' + "
+                       "messages[0]['content'] + '<|im_end|>\n' }}{% endif %}"),
+            "");
+  EXPECT_EQ(default_of("{{ \"<|im_start|>system\n\" + messages[0].content + \"<|im_end|>\" }}"),
+            "");
+  EXPECT_EQ(default_of("{{ '<|im_start|>system\\nYou\\'re Qwen.\\tBe brief.<|im_end|>\\n' }}"),
+            "You're Qwen.\tBe brief.");
+  EXPECT_EQ(default_of("{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+                       "'<|im_end|>' }}"),
+            "");
+}
+
 // What Tokenizer::FromGguf makes of the file b builds (a failure of the test if that is not
 // a GGUF file).
 absl::Status TokenizerStatus(const testing::GgufBuilder& b) {
