@@ -378,6 +378,9 @@ int Bench(int argc, char** argv) {
 }
 
 int ModelCmd(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    if (const std::string a = argv[i]; a == "--help" || a == "-h") return PrintHelp();
+  }
   if (argc < 3 || std::string(argv[2]) != "pull") {
     return Fail(absl::InvalidArgumentError("model: the only subcommand is `kvmesh model pull`"));
   }

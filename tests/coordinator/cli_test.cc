@@ -75,7 +75,9 @@ TEST(Cli, InvalidFlagsAndCommands) {
                                              {"tokenize", "--help"},
                                              {"logits", "--help"},
                                              {"client", "--help"},
-                                             {"client", "generate", "--help"}}) {
+                                             {"client", "generate", "--help"},
+                                             {"model", "--help"},
+                                             {"model", "pull", "-h"}}) {
     const Result r = Kvmesh(args);
     EXPECT_EQ(r.code, 0) << args.back();
     EXPECT_EQ(r.out.rfind("usage: kvmesh <command>", 0), 0u) << args.back() << ": " << r.out;
@@ -125,6 +127,8 @@ TEST(Cli, InvalidFlagsAndCommands) {
                      "holds a NUL byte");
   ExpectOneLineError({"client", "health", "--api-key-file", "/dev/zero"}, "longer than 4096");
   ExpectOneLineError({"client", "bogus", "--port", "1"}, "client: unknown action 'bogus'");
+  ExpectOneLineError({"client", "session", "--id", "", "--port", "1", "--turns", "/dev/null"},
+                     "client session: --id and --turns FILE are required");
   // A session's turns are read as run --session reads them, before connecting.
   ExpectOneLineError({"client", "session", "--id", "x", "--port", "1", "--turns", "/dev/zero"},
                      "--turns file '/dev/zero' is larger than 64 MiB");
