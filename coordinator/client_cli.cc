@@ -122,7 +122,7 @@ int Client(int argc, char** argv) {
   }
   std::vector<std::string> turns;
   if (action == "session") {
-    if (!f->Has("id") || !f->Has("turns")) {
+    if (f->String("id", "").empty() || !f->Has("turns")) {
       return Fail(absl::InvalidArgumentError("client session: --id and --turns FILE are required"));
     }
     auto t = ReadTexts("--turns", f->String("turns", ""));
@@ -176,6 +176,8 @@ int Client(int argc, char** argv) {
     open.mutable_session_open()->set_session_id(id);
     open.mutable_session_open()->set_system(f->String("system", ""));
     if (auto r = (*c)->Call(open); !r.ok()) return Fail(r.status());
+    v1::Frame close;
+    close.mutable_session_close()->set_session_id(id);
     int turn = 0;
     for (const std::string& line : turns) {
       v1::Frame a;
@@ -184,13 +186,14 @@ int Client(int argc, char** argv) {
       a.mutable_session_append()->set_max_tokens(static_cast<int32_t>(*max_tokens));
       *a.mutable_session_append()->mutable_sampling() = *sampling;
       auto done = (*c)->Stream(a, nullptr);
-      if (!done.ok()) return Fail(done.status());
+      if (!done.ok()) {
+        (*c)->Call(close).IgnoreError();  // its KV is released on the server; the turn's error
+        return Fail(done.status());       // is the one to report
+      }
       std::cout << "[turn " << ++turn << "] " << done->prompt_tokens() << " prompt tokens, "
                 << done->cached_tokens() << " cached, TTFT " << Fixed(done->ttft_ms()) << " ms\n"
                 << done->text() << "\n";
     }
-    v1::Frame close;
-    close.mutable_session_close()->set_session_id(id);
     if (auto r = (*c)->Call(close); !r.ok()) return Fail(r.status());
     return 0;
   }

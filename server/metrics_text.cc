@@ -98,7 +98,8 @@ std::string PrometheusText(const EngineSnapshot& s, const std::string& model_nam
   w.Metric("kvmesh:num_preemptions_total", "counter", "Sequences preempted (recomputed later).",
            st.preemptions);
   w.Metric("kvmesh:kv_cache_evictions_total", "counter", "Cached KV blocks evicted.", st.evictions);
-  w.Metric("kvmesh:prompt_tokens_total", "counter", "Prompt tokens computed.",
+  w.Metric("kvmesh:prompt_tokens_total", "counter",
+           "Prompt tokens computed (cache hits left out, recomputation after preemption counted).",
            st.prompt_tokens_computed);
   w.Metric("kvmesh:generation_tokens_total", "counter", "Tokens generated.", st.generated_tokens);
   w.Metric("kvmesh:request_success_total", "counter", "Requests finished.", st.finished);

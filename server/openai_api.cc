@@ -410,6 +410,8 @@ std::string StreamChunk(const ApiRequest& req, const std::string& id, int64_t cr
                 {"created", created},
                 {"model", req.model},
                 {"choices", json::array({choice})}};
+  // With include_usage, every chunk but the last (StreamUsageChunk) carries a null usage.
+  if (req.include_usage) chunk["usage"] = nullptr;
   return "data: " + Dump(chunk) + "\n\n";
 }
 

@@ -81,6 +81,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   uint64_t writes = 0;                // writes begun (which one the write deadline is for)
   bool deadline_armed = false;
   uint64_t frames_in = 0;  // complete frames received
+  int tokenize_jobs = 0;   // tokenize requests not yet answered
 
   RpcConn(RpcServer::Impl& s, tcp::socket k)
       : srv(s),
@@ -242,13 +243,20 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
         r.mutable_healthy()->set_status(srv.loop.Snapshot().stopping ? "stopping" : "ok");
         return Send(r);
       case v1::Frame::kTokenize: {  // off the io thread, as a prompt
+        // Counted with the generations: unbounded, a client pipelining 4 MiB texts held their
+        // copies without limit and queued every connection's prompts behind them.
+        if (Busy()) return Error(id, TooBusy());
+        ++tokenize_jobs;
         asio::post(srv.tokenizing,
                    [self = shared_from_this(), r = std::move(r), text = f.tokenize().text(),
                     special = f.tokenize().parse_special()]() mutable {
                      for (int32_t t : self->srv.engine.tokenizer().Encode(text, special)) {
                        r.mutable_tokenized()->add_ids(t);
                      }
-                     asio::post(self->srv.io, [self, r = std::move(r)] { self->Send(r); });
+                     asio::post(self->srv.io, [self, r = std::move(r)] {
+                       --self->tokenize_jobs;
+                       self->Send(r);
+                     });
                    });
         return;
       }
@@ -362,11 +370,7 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
                 uint64_t opened) {
     if (live.count(id))
       return Error(id, absl::InvalidArgumentError(StrCat("request id ", id, " is in flight")));
-    if (static_cast<int>(live.size()) >= srv.opts.max_in_flight) {
-      return Error(id,
-                   absl::ResourceExhaustedError(StrCat("more than ", srv.opts.max_in_flight,
-                                                       " requests in flight on this connection")));
-    }
+    if (Busy()) return Error(id, TooBusy());
     const model::ChatTemplate* tmpl = nullptr;
     std::vector<model::ChatMessage> msgs;
     if (g.messages_size() > 0) {
@@ -415,6 +419,15 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
     });
   }
 
+  // Generations and tokenize requests in flight on this connection are at most max_in_flight.
+  bool Busy() const {
+    return static_cast<int>(live.size()) + tokenize_jobs >= srv.opts.max_in_flight;
+  }
+  absl::Status TooBusy() const {
+    return absl::ResourceExhaustedError(
+        StrCat("more than ", srv.opts.max_in_flight, " requests in flight on this connection"));
+  }
+
   // Frees what Generate took for request `id`: its id, and its session's turn.
   void Release(uint64_t id, const std::string& session) {
     live.erase(id);
@@ -427,8 +440,22 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
   void Submit(uint64_t id, serving::Request req, int32_t max_tokens, const std::string& session,
               uint64_t opened, const std::string& user_turn, bool chat) {
     if (closed) return Release(id, session);
-    const auto& tok = srv.engine.tokenizer();
     const int64_t n = static_cast<int64_t>(req.prompt.size());
+    if (cancel_pending.count(id)) {  // cancelled while its prompt was tokenised: never submitted
+      Release(id, session);
+      v1::Frame f;
+      f.set_request_id(id);
+      f.mutable_done()->set_finish_reason("cancelled");
+      f.mutable_done()->set_prompt_tokens(n);
+      return Send(f);
+    }
+    // A session closed (or reopened) while its turn was tokenised: the turn runs as a plain
+    // request, or the engine would keep the closed session's KV again when it finished.
+    if (!session.empty()) {
+      auto it = srv.sessions.find(session);
+      if (it == srv.sessions.end() || it->second.opened != opened) req.session_id.clear();
+    }
+    const auto& tok = srv.engine.tokenizer();
     const int64_t room = srv.engine.ctx_size() - n;
     req.max_tokens =
         max_tokens > 0 ? max_tokens : static_cast<int32_t>(DefaultMaxTokens(srv.engine, n));

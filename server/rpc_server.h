@@ -2,8 +2,9 @@
 // (server/rpc_frame.h) with a request id for multiplexing and cancellation. Requests: Generate
 // and Chat (streamed Token frames, then Done), server-side sessions (open / append / close),
 // Tokenize, ClusterStatus, CacheStats, Health. With an API key the first frame must be Auth.
-// Per connection: frames up to max_frame_bytes, at most max_in_flight generations; a protocol
-// error is answered with an Error frame and the connection closes; the server keeps serving.
+// Per connection: frames up to max_frame_bytes, at most max_in_flight generations and tokenize
+// requests; a protocol error is answered with an Error frame and the connection closes; the
+// server keeps serving.
 // Runs on its own io thread, feeding the same EngineLoop as the HTTP server.
 #pragma once
 

@@ -167,22 +167,14 @@ echo "serve rpc: oversized frame refused with an Error frame, connection closed"
 [[ "$(rpcc health)" == '{"status":"ok"}' ]] || fail "rpc serving after a bad frame"
 # More sessions opened than the table holds (1024), never closed: the least recently used go,
 # so another client can still open one (frames encoded by hand: Frame{1: id, 7: SessionOpen}).
-python3 - "$rpc" <<'PY' || fail "rpc session table, max_tokens, tokenising off the io thread"
+python3 - "$rpc" "$here" <<'PY' || fail "rpc session table, max_tokens, tokenising off the io thread"
 import socket, struct, sys
+sys.path.insert(0, sys.argv[2])
+from rpc_wire import reply_bytes as reply, varint
 def frame(rid, sid):
     body = b"\x0a" + bytes([len(sid)]) + sid
     f = b"\x08" + bytes([rid & 0x7f]) + b"\x3a" + bytes([len(body)]) + body
     return struct.pack("<I", len(f)) + f
-def reply(s):
-    n = struct.unpack("<I", recv_all(s, 4))[0]
-    return recv_all(s, n)
-def recv_all(s, n):
-    data = b""
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        assert chunk, "closed"
-        data += chunk
-    return data
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 for i in range(1100):
     s.sendall(frame(i, b"junk%d" % i))
@@ -205,13 +197,6 @@ print("serve rpc: a negative max_tokens is refused naming the field")
 # A 3.9 MB tokenize frame is tokenised off the io thread: health keeps answering on another
 # connection meanwhile (Frame{1: 7, 11: TokenizeRequest{1: text}}, Frame{1: id, 17: {}}).
 import threading, time
-def varint(n):
-    out = b""
-    while True:
-        out += bytes([(n & 0x7f) | (0x80 if n > 0x7f else 0)])
-        n >>= 7
-        if not n:
-            return out
 text = (b"the quick brown fox jumps over the lazy dog " * 90000)[:3900000]
 body = b"\x0a" + varint(len(text)) + text
 f = b"\x08\x07\x5a" + varint(len(body)) + body
@@ -240,6 +225,50 @@ else:
     assert max(waits) < done[0] / 2, (max(waits), done[0])
     print(f"serve rpc: health answered in at most {max(waits) * 1000:.0f} ms while a 3.9 MB "
           f"tokenize frame took {done[0]:.2f} s")
+PY
+# Requests while their prompts are tokenised (frames encoded by hand, as above): a cancel ends a
+# request before it reaches the engine (it was submitted, then refused as over the context); a
+# session closed meanwhile is not kept by the engine when its turn ends (it was, KV and all);
+# tokenize requests count against the connection's 64 requests in flight (they were unbounded).
+python3 - "$rpc" "$here" <<'PY' || fail "rpc requests while their prompts are tokenised"
+import socket, sys
+sys.path.insert(0, sys.argv[2])
+from rpc_wire import frame, ld, reply, vi
+def until(s, rid, body):
+    while True:
+        got = reply(s)
+        if got[0] == rid and got[1] in (body, 19):
+            return got
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=120)
+long = (b"the quick brown fox jumps over the lazy dog " * 50000)[:2000000]
+s.sendall(frame(5, 3, ld(1, long)) + frame(5, 6, b""))
+rid, body, f = until(s, 5, 5)
+assert body == 5 and f[1] == [b"cancelled"] and f.get(4, [0]) == [0], (body, f)
+print("serve rpc: a request cancelled while its 2 MB prompt was tokenised ends 'cancelled'")
+def sessions():
+    s.sendall(frame(9, 3, ld(1, b"x") + vi(3, 1)) )  # a step, so the stats are the latest
+    until(s, 9, 5)
+    s.sendall(frame(10, 15, b""))
+    return until(s, 10, 16)[2].get(10, [0])[0]
+before = sessions()
+s.sendall(frame(1, 7, ld(1, b"closing")) +
+          frame(2, 8, ld(1, b"closing") + ld(2, b"Say hi.") + vi(3, 4)) +
+          frame(3, 9, ld(1, b"closing")))
+rid, body, f = until(s, 2, 5)
+assert body == 5, f
+after = sessions()
+assert after == before, f"the engine keeps {after} sessions, {before} before the closed one's turn"
+print(f"serve rpc: a session closed while its turn was tokenised is not kept ({after} sessions)")
+text = (b"a b c d e f g h " * 20000)[:200000]
+s.sendall(b"".join(frame(100 + k, 11, ld(1, text)) for k in range(80)))
+codes = []
+for _ in range(80):
+    rid, body, f = reply(s)
+    codes.append(f.get(1, [0])[0] if body == 19 else 0)
+refused = sum(c == 8 for c in codes)
+assert refused >= 1 and refused + codes.count(0) == 80, codes
+print(f"serve rpc: 80 pipelined tokenize requests: {80 - refused} answered, {refused} refused "
+      "as over the 64 in flight")
 PY
 
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.

@@ -243,6 +243,12 @@ TEST(OpenAiApi, ResponsesAndChunksHaveTheOpenAiShape) {
   const json k1 = json::parse(StreamChunk(two, "id4", 5, "Ly", "", true, nullptr, 0, 1).substr(6));
   EXPECT_EQ(k1["choices"][0]["index"], 1);
   EXPECT_EQ(k1["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_FALSE(k1.contains("usage"));
+  // With include_usage, the chunks before the usage chunk carry "usage": null (OpenAI's spec).
+  two.include_usage = true;
+  const json k2 = json::parse(StreamChunk(two, "id4", 5, "on", "", false, nullptr, 0, 1).substr(6));
+  ASSERT_TRUE(k2.contains("usage"));
+  EXPECT_TRUE(k2["usage"].is_null());
   auto n3 = ParseApiRequest(R"({"prompt": "a", "n": 3, "seed": 7})", false, {});
   ASSERT_TRUE(n3.ok()) << n3.status();
   EXPECT_EQ(n3->n, 3);
