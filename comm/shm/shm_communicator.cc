@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "util/str_cat.h"
 
 namespace kvmesh::comm {
@@ -226,6 +227,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Communicator
       close(fd);
     }
   }
+  // The name goes once every rank has mapped the segment (or given up), and on every early
+  // return: a failed broadcast or barrier left /dev/shm/kvmesh-tp-* behind for good.
+  absl::Cleanup unlink = [&] {
+    if (group.rank() == 0 && name[0] != '\0') shm_unlink(name);
+    name[0] = '\0';
+  };
   if (auto s = group.Broadcast({reinterpret_cast<uint8_t*>(name), sizeof(name)}, 0); !s.ok()) {
     return s;
   }
@@ -240,8 +247,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(Communicator
   }
   auto failed = AnyRank(group, base == MAP_FAILED);
   // Everyone has mapped it (or given up): the name can go, the mapping stays.
-  if (auto s = group.Barrier(); !s.ok()) return s;
-  if (group.rank() == 0 && name[0] != '\0') shm_unlink(name);
+  if (auto s = group.Barrier(); !s.ok()) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    return s;
+  }
+  std::move(unlink).Invoke();
   if (!failed.ok() || *failed) {
     if (base != MAP_FAILED) munmap(base, bytes);
     if (!failed.ok()) return failed.status();
