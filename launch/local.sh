@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Starts a kvmesh cluster on this machine: `mpirun -np TP*PP kvmesh serve --tp TP --pp PP ...`
-# (one process when TP*PP = 1). Extra arguments go to `kvmesh serve`. Runs in the foreground;
-# stop it with SIGTERM to rank 0 (its pid is written to $KVMESH_RANK0_PID_FILE when set) or
-# Ctrl-C. Environment:
-#   KVMESH_BIN   the kvmesh binary (default: build/bin/kvmesh)
-#   TP, PP       tensor / pipeline parallel sizes (default 2 and 1)
+# Starts a kvmesh cluster on this machine: `mpirun -np DP*TP*PP kvmesh serve --dp DP --tp TP
+# --pp PP ...` (one process when that is 1). Extra arguments go to `kvmesh serve`; relative paths
+# in them are taken from the directory it is run in. Runs in the foreground; stop it with SIGTERM
+# to rank 0 (the process with OMPI_COMM_WORLD_RANK=0 among mpirun's children) or Ctrl-C.
+# Environment:
+#   KVMESH_BIN   the kvmesh binary (default: this repository's build/bin/kvmesh)
+#   DP, TP, PP   data / tensor / pipeline parallel sizes (default 1, 2 and 1)
 #   THREADS      threads per rank (default: cores / ranks, at least 1)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bin="${KVMESH_BIN:-build/bin/kvmesh}"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${KVMESH_BIN:-$repo/build/bin/kvmesh}"
+dp="${DP:-1}"
 tp="${TP:-2}"
 pp="${PP:-1}"
-np=$((tp * pp))
+np=$((dp * tp * pp))
 threads="${THREADS:-$(($(nproc) / np > 0 ? $(nproc) / np : 1))}"
-args=(serve --tp "$tp" --pp "$pp" --threads "$threads" "$@")
+args=(serve --dp "$dp" --tp "$tp" --pp "$pp" --threads "$threads" "$@")
 if ((np == 1)); then
   exec "$bin" "${args[@]}"
 fi

@@ -28,12 +28,18 @@ cat "$log" >&2
 
 python3 scripts/demo_client.py "http://127.0.0.1:$port"
 
-# Shut down: SIGTERM to rank 0, which drains, stops the workers and exits; mpirun follows.
-for pid in $(pgrep -f "kvmesh serve --tp 2" || true); do
+# Shut down: SIGTERM to rank 0 (this cluster's: among mpirun's children), which drains, stops
+# the workers and exits; mpirun follows.
+rank0=""
+for pid in $(pgrep -P "$cluster" || true); do
   if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then
-    kill -TERM "$pid"
+    rank0=$pid
   fi
 done
+[[ -n "$rank0" ]] || { echo "rank 0 of the cluster (mpirun pid $cluster) not found" >&2; exit 1; }
+kill -TERM "$rank0"
+for _ in $(seq 1 600); do kill -0 "$cluster" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$cluster" 2>/dev/null && { echo "the cluster did not stop within 60 s of SIGTERM" >&2; exit 1; }
 wait "$cluster"
 cluster=""
 grep -h "kvmesh: stopped" "$log" >&2 || true

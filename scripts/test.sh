@@ -12,11 +12,13 @@ echo "== model" >&2
 scripts/model_pull.sh >/dev/null
 
 echo "== format" >&2
-mapfile -t sources < <(git ls-files '*.h' '*.cc' '*.cu')
+sources="$(git ls-files '*.h' '*.cc' '*.cu')"  # a failing git fails the script here
+mapfile -t sources <<<"$sources"
+((${#sources[@]} > 100)) || { echo "format: only ${#sources[@]} sources listed" >&2; exit 1; }
 clang-format --dry-run --Werror "${sources[@]}"
 
 echo "== unit and integration tests" >&2
-ctest --test-dir build --output-on-failure -j "$(nproc)"
+ctest --test-dir build --output-on-failure --no-tests=error -j "$(nproc)"
 
 echo "== fuzzers" >&2
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"

@@ -20,7 +20,7 @@ work="$(mktemp -d)"
 cleanup() {
   # Jobs first (their processes outlive the daemons), then the daemons.
   [[ -n "${job:-}" ]] && scancel "$job" >/dev/null 2>&1 && sleep 1
-  [[ -n "${job:-}" ]] && pkill -9 -f -- "--port $port" 2>/dev/null
+  [[ -n "${job:-}" ]] && pkill -9 -f -- "--port $port --rpc-port" 2>/dev/null
   [[ -n "${SLURM_CONF:-}" ]] && scontrol shutdown >/dev/null 2>&1
   for p in "${daemons[@]:-}"; do kill "$p" 2>/dev/null; done
   sleep 0.5
@@ -47,7 +47,7 @@ daemons+=("$(cat "$work/munge/pid")")
 host="$(hostname)"
 cat >"$work/slurm.conf" <<CONF
 ClusterName=kvmeshtest
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
 AuthType=auth/munge
@@ -71,7 +71,7 @@ MpiDefault=none
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 export SLURM_CONF="$work/slurm.conf"
