@@ -179,11 +179,6 @@ absl::Status SetUp(const Flags& f, Launch& l) {
     l.mpi = std::move(*mpi);
     l.rank = l.mpi->world_rank();
     l.world = l.mpi->world_size();
-    if (l.world != *dp * per_replica) {
-      return absl::InvalidArgumentError(
-          StrCat("world size ", l.world, " does not match dp x pp x tp = ", *dp, " x ", *pp, " x ",
-                 *tp, " (launch with mpirun -np ", *dp * per_replica, ")"));
-    }
     auto world_comm = comm::CreateMpiCommunicator(0, l.rank);
     if (!world_comm.ok()) return world_comm.status();
     l.world_comm = std::move(*world_comm);
@@ -197,7 +192,14 @@ absl::Status SetUp(const Flags& f, Launch& l) {
                          {"--activation-bits", std::to_string(*act_bits)},
                          {"--attention-bits", std::to_string(*attn_bits)},
                          {"--no-repack", f.Has("no-repack") ? "set" : "unset"}};
+    // First: ranks given other sizes would disagree on the world size check below, and the
+    // ones it passed would wait in a collective for the ones it failed.
     if (auto s = AgreeOnSetup(l, flags); !s.ok()) return s;
+    if (l.world != *dp * per_replica) {
+      return absl::InvalidArgumentError(
+          StrCat("world size ", l.world, " does not match dp x pp x tp = ", *dp, " x ", *pp, " x ",
+                 *tp, " (launch with mpirun -np ", *dp * per_replica, ")"));
+    }
     // Replica r is world ranks [r * pp * tp, (r + 1) * pp * tp). TP groups are the ranks of one
     // stage of one replica; the replica's communicator carries its steps and stage-to-stage
     // sends; the world carries the coordinator's plans to the other replicas' leaders.

@@ -206,6 +206,9 @@ expect_all "world size 3 does not match dp x pp x tp = 1 x 2 x 2" 3 -- \
 expect_all "rank 1: --kv-cache-mem 1, but rank 0 has --kv-cache-mem 64 (every rank needs the same)" 2 -- \
   "${mpi[@]}" -np 1 "$bin" run --tp 2 --kv-cache-mem 64 --model "$model" --prompt x --threads 1 : \
   -np 1 "$bin" run --tp 2 --kv-cache-mem 1 --model "$model" --prompt x --threads 1
+expect_all "rank 1: --tp 1, but rank 0 has --tp 2 (every rank needs the same)" 2 -- \
+  "${mpi[@]}" -np 1 "$bin" run --tp 2 --model "$model" --prompt x --threads 1 : \
+  -np 1 "$bin" run --tp 1 --model "$model" --prompt x --threads 1
 cp "$model" "$work/other.gguf" && head -c 64 /dev/zero >>"$work/other.gguf"
 expect_all "rank 1: model and KV layout model=" 2 -- \
   "${mpi[@]}" -np 1 "$bin" run --dp 2 --model "$model" --prompt x --threads 1 : \
