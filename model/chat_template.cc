@@ -12,7 +12,7 @@ namespace {
 bool LooksLikeJinja(std::string_view text) {
   if (text.find("{{") != text.npos || text.find("{%") != text.npos) return true;
   for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '+') continue;
+    if (text[i] != '+' && text[i] != '~') continue;  // Jinja joins strings with either
     size_t l = i, r = i + 1;
     while (l > 0 && text[l - 1] == ' ') --l;
     while (r < text.size() && text[r] == ' ') ++r;
@@ -25,17 +25,23 @@ bool LooksLikeJinja(std::string_view text) {
 // The default system message a ChatML template writes when the conversation has none: the
 // literal text of its '<|im_start|>system' turn, with the newline after the role written as
 // one or, inside a Jinja string, as the two characters '\n' (then the string's escapes are
-// undone). Empty when there is none, or when that turn's text is built from the messages.
+// undone). The first such turn that is literal text counts (templates often build the turn
+// from the messages first, as Qwen2.5's does for tools, and write the default in an else).
+// Empty when there is none.
 std::string DefaultSystem(std::string_view tmpl) {
   for (const bool escaped : {false, true}) {
     const std::string_view start = escaped ? "<|im_start|>system\\n" : "<|im_start|>system\n";
-    const size_t at = tmpl.find(start);
-    if (at == tmpl.npos) continue;
-    const size_t b = at + start.size();
-    const size_t e = tmpl.find("<|im_end|>", b);
-    if (e == tmpl.npos) return "";
-    std::string text(tmpl.substr(b, e - b));
-    if (LooksLikeJinja(text)) return "";
+    std::string text;
+    bool found = false;
+    for (size_t at = tmpl.find(start); at != tmpl.npos && !found;
+         at = tmpl.find(start, at + start.size())) {
+      const size_t b = at + start.size();
+      const size_t e = tmpl.find("<|im_end|>", b);
+      if (e == tmpl.npos) break;
+      text = std::string(tmpl.substr(b, e - b));
+      found = !LooksLikeJinja(text);
+    }
+    if (!found) continue;
     if (!escaped) return text;
     std::string out;
     for (size_t i = 0; i < text.size(); ++i) {

@@ -110,6 +110,13 @@ TEST(ChatTemplate, DefaultSystemIsLiteralTextOnly) {
   EXPECT_EQ(default_of("{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
                        "'<|im_end|>' }}"),
             "");
+  // Built from the messages first (Qwen2.5's tools branch), the literal default in an else.
+  EXPECT_EQ(default_of("{% if tools %}{{ '<|im_start|>system\n' }}{% if messages[0]['role'] == "
+                       "'system' %}{{ messages[0]['content'] }}{% endif %}{{ '<|im_end|>\n' }}"
+                       "{% else %}{{ '<|im_start|>system\nYou are Qwen.<|im_end|>\n' }}"
+                       "{% endif %}"),
+            "You are Qwen.");
+  EXPECT_EQ(default_of("{{ '<|im_start|>system\n' ~ messages[0].content ~ '<|im_end|>' }}"), "");
 }
 
 // What Tokenizer::FromGguf makes of the file b builds (a failure of the test if that is not
