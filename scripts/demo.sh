@@ -11,7 +11,14 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 model="$(scripts/model_pull.sh)"
 log="$(mktemp)"
-trap 'rm -f "$log"; [[ -n "${cluster:-}" ]] && kill -9 "$cluster" 2>/dev/null || true' EXIT
+# On a failure, SIGTERM lets mpirun take its ranks down with it; SIGKILL only if it lingers.
+stop_cluster() {
+  [[ -n "${cluster:-}" ]] || return 0
+  kill -TERM "$cluster" 2>/dev/null || return 0
+  for _ in $(seq 1 50); do kill -0 "$cluster" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$cluster" 2>/dev/null || true
+}
+trap 'rm -f "$log"; stop_cluster' EXIT
 
 echo "== launch/local.sh: mpirun -np 2 kvmesh serve --tp 2 (rank 0 coordinates, both ranks compute)" >&2
 TP=2 launch/local.sh --model "$model" --port 0 --rpc-port 0 >"$log" 2>&1 &

@@ -38,13 +38,15 @@ if ((${#missing[@]})); then
   policy=""
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     policy=/usr/sbin/policy-rc.d
+    trap '$SUDO rm -f "$policy"' EXIT  # also when the install is interrupted
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
     $SUDO chmod 755 "$policy"
   fi
-  rc=0
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
-  [[ -n "$policy" ]] && $SUDO rm -f "$policy"
-  ((rc == 0)) || exit "$rc"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ -n "$policy" ]]; then
+    $SUDO rm -f "$policy"
+    trap - EXIT
+  fi
   if [[ -d /run/systemd/system ]]; then
     for p in "${missing[@]}"; do
       case "$p" in
