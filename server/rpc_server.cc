@@ -359,8 +359,10 @@ struct RpcConn : std::enable_shared_from_this<RpcConn> {
       }
       case v1::Frame::kGenerate:
         return Generate(id, f.generate(), "", 0);
-      default:
-        return Fail(id, absl::InvalidArgumentError("unexpected frame type from a client"));
+      case v1::Frame::BODY_NOT_SET:  // also a body this server does not know (a newer client's)
+        return Error(id, absl::UnimplementedError("frame has no request body this server knows"));
+      default:  // a reply body (token, done, ...) sent by a client: answered, the connection kept
+        return Error(id, absl::InvalidArgumentError("unexpected frame type from a client"));
     }
   }
 

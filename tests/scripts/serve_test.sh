@@ -269,6 +269,14 @@ refused = sum(c == 8 for c in codes)
 assert refused >= 1 and refused + codes.count(0) == 80, codes
 print(f"serve rpc: 80 pipelined tokenize requests: {80 - refused} answered, {refused} refused "
       "as over the 64 in flight")
+# A body from a newer protocol (an unknown field, 40) and a reply body (Token, 4) sent by a
+# client are answered with an error (12 unimplemented, 3 invalid argument); the connection
+# keeps serving (they closed it, cancelling its generations).
+s.sendall(frame(200, 40, b"") + frame(201, 4, b"") + frame(202, 17, b""))
+got = [reply(s) for _ in range(3)]
+assert [(r, b) for r, b, _ in got] == [(200, 19), (201, 19), (202, 18)], got
+assert got[0][2][1] == [12] and got[1][2][1] == [3], got
+print("serve rpc: an unknown body and a reply body get errors 12 and 3; the connection serves on")
 PY
 
 # A real Prometheus (Debian's) scrapes /metrics: the target is up and kvmesh's series are stored.
