@@ -78,7 +78,9 @@ absl::Status WaitPatiently(MPI_Request* req, MPI_Status* st) {
 // A posted MPI_Irecv of floats.
 class MpiPendingRecv final : public PendingRecv {
  public:
-  MpiPendingRecv(MPI_Request req, size_t want, int src) : req_(req), want_(want), src_(src) {}
+  // patient: Wait polls, then sleeps between polls (WaitPatiently), instead of MPI_Wait.
+  MpiPendingRecv(MPI_Request req, size_t want, int src, bool patient)
+      : req_(req), want_(want), src_(src), patient_(patient) {}
   ~MpiPendingRecv() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -90,7 +92,11 @@ class MpiPendingRecv final : public PendingRecv {
   absl::Status Wait() override {
     if (req_ == MPI_REQUEST_NULL) return absl::FailedPreconditionError("recv: already waited");
     MPI_Status st;
-    KVMESH_MPI_RETURN_IF_ERROR(MPI_Wait(&req_, &st));
+    if (patient_) {
+      if (auto s = WaitPatiently(&req_, &st); !s.ok()) return s;
+    } else {
+      KVMESH_MPI_RETURN_IF_ERROR(MPI_Wait(&req_, &st));
+    }
     return CheckCount(st, want_, src_);
   }
 
@@ -98,6 +104,7 @@ class MpiPendingRecv final : public PendingRecv {
   MPI_Request req_;
   size_t want_;
   int src_;
+  bool patient_;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -127,31 +134,22 @@ class MpiCommunicator final : public Communicator {
     return absl::OkStatus();
   }
   absl::Status Broadcast(std::span<uint8_t> buf, int root) override {
-    if (root < 0 || root >= size_)
-      return absl::InvalidArgumentError(
-          StrCat("broadcast root ", root, " outside a ", size_, "-rank group"));
+    if (auto s = CheckRoot(root); !s.ok()) return s;
     KVMESH_MPI_RETURN_IF_ERROR(
         MPI_Bcast(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, root, comm_));
     return absl::OkStatus();
   }
   absl::Status BroadcastPatiently(std::span<uint8_t> buf, int root) override {
-    if (root < 0 || root >= size_)
-      return absl::InvalidArgumentError(
-          StrCat("broadcast root ", root, " outside a ", size_, "-rank group"));
+    if (auto s = CheckRoot(root); !s.ok()) return s;
     MPI_Request req;
     KVMESH_MPI_RETURN_IF_ERROR(
         MPI_Ibcast(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, root, comm_, &req));
     return WaitPatiently(&req, MPI_STATUS_IGNORE);
   }
   absl::Status RecvPatiently(std::span<float> buf, int src, int tag) override {
-    if (src < 0 || src >= size_ || src == rank_)
-      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
-    MPI_Request req;
-    KVMESH_MPI_RETURN_IF_ERROR(
-        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &req));
-    MPI_Status st;
-    if (auto s = WaitPatiently(&req, &st); !s.ok()) return s;
-    return CheckCount(st, buf.size(), src);
+    auto pending = PostRecv(buf, src, tag, /*patient=*/true);
+    if (!pending.ok()) return pending.status();
+    return (*pending)->Wait();
   }
   absl::Status Send(std::span<const float> buf, int dst, int tag) override {
     if (dst < 0 || dst >= size_ || dst == rank_)
@@ -170,12 +168,7 @@ class MpiCommunicator final : public Communicator {
   }
   absl::StatusOr<std::unique_ptr<PendingRecv>> RecvAsync(std::span<float> buf, int src,
                                                          int tag) override {
-    if (src < 0 || src >= size_ || src == rank_)
-      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
-    MPI_Request req;
-    KVMESH_MPI_RETURN_IF_ERROR(
-        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &req));
-    return std::unique_ptr<PendingRecv>(new MpiPendingRecv(req, buf.size(), src));
+    return PostRecv(buf, src, tag, /*patient=*/false);
   }
   absl::Status AllGather(std::span<const float> mine, std::span<float> all) override {
     if (all.size() < mine.size() * size_) {
@@ -208,6 +201,21 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  absl::Status CheckRoot(int root) const {
+    if (root >= 0 && root < size_) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        StrCat("broadcast root ", root, " outside a ", size_, "-rank group"));
+  }
+  // RecvAsync, and RecvPatiently's receive before it waits.
+  absl::StatusOr<std::unique_ptr<PendingRecv>> PostRecv(std::span<float> buf, int src, int tag,
+                                                        bool patient) {
+    if (src < 0 || src >= size_ || src == rank_)
+      return absl::InvalidArgumentError(StrCat("recv: bad peer ", src));
+    MPI_Request req;
+    KVMESH_MPI_RETURN_IF_ERROR(
+        MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, src, tag, comm_, &req));
+    return std::unique_ptr<PendingRecv>(new MpiPendingRecv(req, buf.size(), src, patient));
+  }
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };
